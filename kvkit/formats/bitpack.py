@@ -48,9 +48,10 @@ def put_code(buf: np.ndarray, base: int, i: int, bits: int, code: int) -> None:
     byte = base + (bit >> 3)
     shift = bit & 7
     word = code << shift
-    buf[byte] |= word & 0xFF
+    # np.int64 on the stored byte: Numba types uint8 | int64 as float64, and int() keeps uint8.
+    buf[byte] = np.int64(buf[byte]) | (word & 0xFF)
     if shift + bits > 8:
-        buf[byte + 1] |= (word >> 8) & 0xFF
+        buf[byte + 1] = np.int64(buf[byte + 1]) | ((word >> 8) & 0xFF)
 
 
 def get_code(buf: np.ndarray, base: int, i: int, bits: int) -> int:
@@ -58,7 +59,7 @@ def get_code(buf: np.ndarray, base: int, i: int, bits: int) -> int:
     bit = i * bits
     byte = base + (bit >> 3)
     shift = bit & 7
-    word = int(buf[byte])
+    word = np.int64(buf[byte])
     if shift + bits > 8:
-        word |= int(buf[byte + 1]) << 8
+        word |= np.int64(buf[byte + 1]) << 8
     return (word >> shift) & ((1 << bits) - 1)

@@ -13,7 +13,7 @@ Rounding rules (all round-to-nearest-even on the magnitude, sign kept, including
 * E4M3 (e4m3fn): bias 7, max 448, no infinity, 0x7F is NaN. Encoding saturates to +-448
   ("satfinite"); NaN encodes as 0x7F.
 * fp16: IEEE binary16, RNE; ``f16_bits`` overflows to infinity like a plain cast,
-  ``f16_sat_bits`` clamps to +-65504 first (TurboQuant scale, zero and norm).
+  ``f16_bits(x, saturate=True)`` clamps to +-65504 first (TurboQuant scale, zero and norm).
 * bf16: RNE on the float32 bit pattern, NaN kept quiet.
 
 Denormals: all arithmetic here is IEEE with gradual underflow; the CUDA backend compiles its
@@ -58,15 +58,13 @@ F16_NAN_BITS = 0x7E00
 F16_SIGN_BIT = 0x8000
 
 
-def _is_negative(x: float) -> bool:
-    return x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0)
-
-
 def e2m1_encode(x: float) -> int:
     """One float (exactly representable in float64) -> 4-bit E2M1 code, RNE, saturating."""
     if x != x:
         return 0x7
-    sign = E2M1_SIGN_BIT if _is_negative(x) else 0
+    # Scalar functions inline their helpers: Numba compiles these bodies, and a plain Python
+    # helper they called would not be jitted with them.
+    sign = E2M1_SIGN_BIT if math.copysign(1.0, x) < 0.0 else 0
     a = abs(x)
     if a >= E2M1_MAX:
         return sign | 0x7
@@ -100,7 +98,7 @@ def e4m3_encode(x: float) -> int:
     """One float -> E4M3 byte, RNE, saturating to +-448 (satfinite); NaN -> 0x7F."""
     if x != x:
         return E4M3_NAN
-    sign = E4M3_SIGN_BIT if _is_negative(x) else 0
+    sign = E4M3_SIGN_BIT if math.copysign(1.0, x) < 0.0 else 0
     a = abs(x)
     if a >= E4M3_MAX:
         return sign | E4M3_MAX_CODE
@@ -130,12 +128,18 @@ def e4m3_decode(b: int) -> float:
     return -v if b & E4M3_SIGN_BIT else v
 
 
-def f16_bits(x: float) -> int:
-    """One float -> IEEE binary16 bits, RNE; overflow gives +-inf like a plain cast."""
+def f16_bits(x: float, saturate: bool = False) -> int:
+    """One float -> IEEE binary16 bits, RNE.
+
+    Overflow gives +-inf like a plain cast; with ``saturate`` the magnitude is clamped to
+    65504 first (TurboQuant's scale, zero and norm). NaN stays NaN either way.
+    """
     if x != x:
         return F16_NAN_BITS
-    sign = F16_SIGN_BIT if _is_negative(x) else 0
+    sign = F16_SIGN_BIT if math.copysign(1.0, x) < 0.0 else 0
     a = abs(x)
+    if saturate and a > F16_MAX:
+        a = F16_MAX
     if a >= F16_OVERFLOW:
         return sign | F16_INF_BITS
     if a < F16_MIN_NORMAL:
@@ -148,15 +152,6 @@ def f16_bits(x: float) -> int:
     if e - 1 + 15 >= 31:
         return sign | F16_INF_BITS
     return sign | ((e - 1 + 15) << 10) | (int(math.ldexp(m, 11)) - 1024)
-
-
-def f16_sat_bits(x: float) -> int:
-    """Like ``f16_bits`` but clamps to +-65504 first (NaN stays NaN)."""
-    if x > F16_MAX:
-        x = F16_MAX
-    elif x < -F16_MAX:
-        x = -F16_MAX
-    return f16_bits(x)
 
 
 def f16_value(b: int) -> float:

@@ -1,0 +1,209 @@
+"""The functional front door: write_kv, dequantize, decode, merge_states.
+
+The arrays decide the backend: NumPy arrays run the Numba kernels. Argument shapes and
+dtypes are checked before anything runs; index contents (slots, block tables, seq_lens) are
+checked on the host for the CPU backend, and nothing is written when a check fails.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .cache import CacheLayer
+from .cpu import backend as cpu_backend
+from .cpu.decode import decode_pages
+from .cpu.merge import merge_states
+from .decode_args import check_decode_args
+
+__all__ = ["write_kv", "dequantize", "decode", "merge_states"]
+
+_KV_DTYPES = ("float16", "float32", "bfloat16")
+_INDEX_DTYPES = ("int32", "int64")
+
+
+def _dtype_name(x: object) -> str:
+    return getattr(getattr(x, "dtype", None), "name", type(x).__name__)
+
+
+def _host_array(name: str, x: object) -> np.ndarray:
+    """The CPU backend takes NumPy arrays; a device array gets a clear error, not a copy."""
+    if isinstance(x, np.ndarray):
+        return x
+    if hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack_device__"):
+        raise TypeError(
+            f"{name} is a device array, but this layer's planes live on the CPU "
+            "(the CUDA backend is not available in this build)"
+        )
+    raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
+
+
+def _check_layer(layer: object) -> CacheLayer:
+    if not isinstance(layer, CacheLayer):
+        raise TypeError(f"layer must be a kvkit CacheLayer (cache.layer(i)), got {type(layer).__name__}")
+    # Scales can only be set through the validating properties, but a check here keeps the
+    # "non-finite or non-positive global scale" error at the call that would use it.
+    for name in ("k_scale", "v_scale"):
+        s = getattr(layer, name)
+        if not (math.isfinite(s) and s > 0):
+            raise ValueError(f"layer.{name} must be finite and > 0, got {s}")
+    return layer
+
+
+def _check_kv(layer: CacheLayer, k: object, v: object) -> tuple[np.ndarray, np.ndarray]:
+    k = _host_array("k", k)
+    v = _host_array("v", v)
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype.name not in _KV_DTYPES:
+            raise TypeError(f"{name} must be float16, float32 or bfloat16, got {x.dtype.name}")
+        if x.ndim != 3:
+            raise ValueError(f"{name} must be (N, num_kv_heads, head_dim), got shape {x.shape}")
+        if x.shape[1] != layer.num_kv_heads:
+            raise ValueError(
+                f"{name} has {x.shape[1]} KV heads, the layer has {layer.num_kv_heads}"
+            )
+        if x.shape[2] != layer.head_dim:
+            raise ValueError(f"{name} head_dim {x.shape[2]} != the layer's {layer.head_dim}")
+    if k.shape != v.shape:
+        raise ValueError(f"k {k.shape} and v {v.shape} must have the same shape")
+    # fp16 and bf16 widen to float32 exactly, so the kernels see only float32.
+    return (
+        np.ascontiguousarray(k, dtype=np.float32),
+        np.ascontiguousarray(v, dtype=np.float32),
+    )
+
+
+def _check_slots(name: str, slots: object, n: int, capacity: int) -> np.ndarray:
+    slots = _host_array(name, slots)
+    if slots.dtype.name not in _INDEX_DTYPES:
+        raise TypeError(f"{name} must be int32 or int64, got {slots.dtype.name}")
+    if slots.shape != (n,):
+        raise ValueError(f"{name} must be ({n},), got shape {slots.shape}")
+    slots = slots.astype(np.int64)
+    too_big = np.flatnonzero(slots >= capacity)
+    if too_big.size:
+        i = int(too_big[0])
+        raise ValueError(
+            f"{name}[{i}] = {slots[i]} is beyond the cache (capacity {capacity} slots)"
+        )
+    return slots
+
+
+def write_kv(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+    """Quantize and store N token-heads into the layer's planes.
+
+    Args:
+        layer: a ``CacheLayer`` (``cache.layer(i)``).
+        k, v: (N, num_kv_heads, head_dim) float16, bfloat16 or float32.
+        slot_mapping: (N,) int32 or int64; slot = block * block_size + offset. Negative
+            slots are padding and skipped. Non-negative slots must be < capacity and
+            distinct.
+
+    Raises:
+        TypeError / ValueError naming the argument; nothing is written when one is raised.
+    """
+    layer = _check_layer(layer)
+    k32, v32 = _check_kv(layer, k, v)
+    slots = _check_slots("slot_mapping", slot_mapping, k32.shape[0], layer.capacity)
+    live = slots[slots >= 0]
+    if np.unique(live).size != live.size:
+        raise ValueError("slot_mapping holds the same slot twice; each token needs its own slot")
+    if live.size:
+        cpu_backend.write_rows(layer, k32, v32, slots)
+
+
+def dequantize(layer: CacheLayer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Read N token-heads back as float32, K in the original (un-rotated) space.
+
+    Args:
+        layer: a ``CacheLayer``.
+        slots: (N,) int32 or int64 slot ids < capacity; a negative slot is padding and
+            reads as zeros.
+
+    Returns:
+        k, v: (N, num_kv_heads, head_dim) float32, global scales applied.
+    """
+    layer = _check_layer(layer)
+    arr = _host_array("slots", slots)
+    n = arr.shape[0] if arr.ndim == 1 else -1
+    slots64 = _check_slots("slots", arr, n, layer.capacity)
+    live = slots64 >= 0
+    blocks, offsets = np.divmod(slots64[live], layer.block_size)
+    shape = (slots64.shape[0], layer.num_kv_heads, layer.head_dim)
+    k = np.zeros(shape, np.float32)
+    v = np.zeros(shape, np.float32)
+    if live.any():
+        k[live], v[live] = cpu_backend.dequantize_rows(layer, blocks, offsets)
+    return k, v
+
+
+def decode(
+    q: np.ndarray,
+    layer: CacheLayer,
+    block_tables: np.ndarray,
+    seq_lens: np.ndarray,
+    *,
+    scale: float | None = None,
+    num_splits: int | None = None,
+    return_lse: bool = False,
+    window: int | None = None,
+    sinks: np.ndarray | None = None,
+    softcap: float | None = None,
+):
+    """Paged decode attention (split-K) over one layer's cache.
+
+    Query i of sequence b sits at position seq_lens[b] - q_len + i and attends causally to
+    the cached tokens (which already include the query tokens). Query head h reads KV head
+    h // (Hq // Hkv).
+
+    Args:
+        q: (B, Hq, D) or (B, q_len, Hq, D) float16, bfloat16 or float32.
+        layer: a ``CacheLayer``.
+        block_tables: (B, max_blocks) int32 page ids; only the first
+            ceil(seq_len / block_size) entries of a row are read.
+        seq_lens: (B,) int32, q_len <= seq_len <= max_blocks * block_size.
+        scale: softmax scale, default 1 / sqrt(D).
+        num_splits: split-K pieces per sequence (1..kvkit.splits.MAX_SPLITS); default
+            from ``kvkit.splits.choose_num_splits``.
+        return_lse: also return the natural-log sum-exp of the logits (sinks included).
+        window: sliding window length (tokens, the query's own included) or None.
+        sinks: (Hq,) per-head sink logits (they join the softmax denominator only) or None.
+        softcap: logit soft-cap c > 0: s -> c * tanh(s / c), or None.
+
+    Returns:
+        o with q's leading shape and D, float32; with return_lse also lse (q's shape
+        without D) float32.
+    """
+    layer = _check_layer(layer)
+    q = _host_array("q", q)
+    block_tables = _host_array("block_tables", block_tables)
+    seq_lens = _host_array("seq_lens", seq_lens)
+    if sinks is not None:
+        sinks = _host_array("sinks", sinks)
+    if scale is None:
+        scale = 1.0 / math.sqrt(layer.head_dim)
+    check_decode_args(
+        q, block_tables, seq_lens,
+        num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
+        num_blocks=layer.num_blocks, block_size=layer.block_size, scale=scale,
+        num_splits=num_splits, window=window, sinks=sinks, softcap=softcap,
+    )  # fmt: skip
+    single = q.ndim == 3
+    q4 = np.ascontiguousarray(q[:, None] if single else q, dtype=np.float32)
+
+    # Dequantize each page the batch uses once, then attend over the dense pages.
+    n_pages = (seq_lens.astype(np.int64) + layer.block_size - 1) // layer.block_size
+    used = np.arange(block_tables.shape[1])[None, :] < n_pages[:, None]
+    pages, inverse = np.unique(block_tables[used], return_inverse=True)
+    local_tables = np.zeros(block_tables.shape, np.int32)
+    local_tables[used] = inverse.astype(np.int32)
+    k_pages, v_pages = layer.dequantize_pages(pages)
+    o, lse = decode_pages(
+        q4, k_pages, v_pages, local_tables, seq_lens,
+        scale=scale, num_splits=num_splits, window=window,
+        sinks=None if sinks is None else sinks.astype(np.float32), softcap=softcap,
+    )  # fmt: skip
+    if single:
+        o, lse = o[:, 0], lse[:, 0]
+    return (o, lse) if return_lse else o
