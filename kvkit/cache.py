@@ -131,6 +131,10 @@ class PagedKVCache:
             raise ValueError("backend='cuda' is not available in this build; use backend='cpu'")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
+        if isinstance(fmt, str):
+            raise TypeError(
+                f"fmt must be a Format (kvkit.formats.get({fmt!r}, head_dim)), not a string"
+            )
         fmts = [fmt] * num_layers if isinstance(fmt, Format) else list(fmt)
         if len(fmts) != num_layers:
             raise ValueError(f"got {len(fmts)} formats for {num_layers} layers")

@@ -35,7 +35,7 @@ ALT_TARGET = 4.0
 
 def encode_blocks(x: np.ndarray, g: float, four_over_six: bool) -> tuple[np.ndarray, np.ndarray]:
     """x (..., D) float32 -> (codes (..., D) uint8 one per byte, sf (..., D/16) uint8)."""
-    blk = np.asarray(x, dtype=np.float32).reshape(x.shape[:-1] + (-1, BLOCK))
+    blk = np.asarray(x, dtype=np.float32).reshape(x.shape[:-1] + (x.shape[-1] // BLOCK, BLOCK))
     g32 = f32(g)
     amax = np.fmax.reduce(np.abs(blk), axis=-1)
 
@@ -74,7 +74,7 @@ def decode_blocks(data: np.ndarray, sf: np.ndarray, g: float) -> np.ndarray:
     d = data.shape[-1] * 2
     codes = bitpack.unpack_array(data, d, CODE_BITS)
     sf_val = codecs.e4m3_decode_array(sf)
-    vals = codecs.E2M1_VALUES[codes].reshape(codes.shape[:-1] + (-1, BLOCK))
+    vals = codecs.E2M1_VALUES[codes].reshape(codes.shape[:-1] + (d // BLOCK, BLOCK))
     with np.errstate(over="ignore", invalid="ignore"):
         out = (vals * sf_val[..., None]) * f32(g)
     return out.reshape(codes.shape)
