@@ -1,0 +1,117 @@
+"""Split-K work partitioning for decode, shared by the Numba and CUDA backends.
+
+Pure Python on purpose: the CUDA launcher sizes its grid and its partial-state buffers from
+these functions on the host, and the Numba kernel compiles `page_range` itself, so both
+backends cut a sequence into exactly the same page-aligned pieces.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
+
+#: Upper bound on splits per (sequence, KV head). The CUDA stage-1 grid and the partial
+#: (m, l, acc) buffers are sized by this constant rather than by the run-time heuristic, so a
+#: decode step captured in a CUDA graph stays valid when batch or lengths change between
+#: replays. 32 splits already turn a single sequence on one KV head into 32 work items, which
+#: with the KV heads of any real model fills a 132-SM H200; more would only grow the merge.
+MAX_SPLITS = 32
+
+#: Work items per worker the heuristic aims for: more than one wave hides the tail of
+#: uneven sequence lengths, more than a few only adds merge traffic.
+_TARGET_WAVES = 2
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    value = int(value)
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def page_range(seq_len, block_size, num_splits, split):
+    """Pages [first, end) of split `split`; no validation (the Numba kernel compiles this).
+
+    All arguments are non-negative ints with block_size >= 1 and num_splits >= 1.
+    Returns (first_page, end_page); the split is empty when first_page >= end_page.
+    """
+    n_pages = (seq_len + block_size - 1) // block_size
+    pages_per_split = (n_pages + num_splits - 1) // num_splits
+    first = split * pages_per_split
+    end = min(first + pages_per_split, n_pages)
+    return first, end
+
+
+def split_page_range(seq_len: int, block_size: int, num_splits: int, split: int) -> tuple[int, int]:
+    """Page range of one split of one sequence.
+
+    n_pages = ceil(seq_len / block_size), pages_per_split = ceil(n_pages / num_splits);
+    split s covers pages [s * pages_per_split, min((s + 1) * pages_per_split, n_pages)).
+    Splits are page-aligned so every page (and every compressed byte in it) belongs to
+    exactly one split.
+
+    Args:
+        seq_len: int >= 0, tokens in the sequence.
+        block_size: int >= 1, tokens per page.
+        num_splits: int >= 1.
+        split: int in [0, num_splits).
+
+    Returns:
+        (first_page, end_page) as ints, indices into the sequence's block-table row; the
+        split is empty when first_page >= end_page (then end_page may be < first_page).
+    """
+    seq_len = _check_int("seq_len", seq_len, 0)
+    block_size = _check_int("block_size", block_size, 1)
+    num_splits = _check_int("num_splits", num_splits, 1)
+    split = _check_int("split", split, 0)
+    if split >= num_splits:
+        raise ValueError(f"split must be < num_splits={num_splits}, got {split}")
+    return page_range(seq_len, block_size, num_splits, split)
+
+
+def choose_num_splits(
+    batch: int,
+    num_kv_heads: int,
+    max_seq_len: int,
+    block_size: int,
+    *,
+    num_workers: int,
+    max_splits: int = MAX_SPLITS,
+) -> int:
+    """Number of splits per (sequence, KV head) for one decode step.
+
+    Aims for about `_TARGET_WAVES` waves of (batch x kv_head x split) work items over
+    `num_workers` (SMs on CUDA, threads on CPU), never more splits than max_seq_len has
+    pages (a split without a page is pure merge overhead) and never more than max_splits.
+    The count is then trimmed so that the last split is not empty given the page rounding of
+    `split_page_range`.
+
+    Args:
+        batch: int >= 1, sequences in the step.
+        num_kv_heads: int >= 1.
+        max_seq_len: int >= 0, longest sequence of the step in tokens.
+        block_size: int >= 1, tokens per page.
+        num_workers: int >= 1, parallel workers to fill.
+        max_splits: int >= 1, the static cap (the CUDA grid is sized by it).
+
+    Returns:
+        int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
+    """
+    batch = _check_int("batch", batch, 1)
+    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1)
+    max_seq_len = _check_int("max_seq_len", max_seq_len, 0)
+    block_size = _check_int("block_size", block_size, 1)
+    num_workers = _check_int("num_workers", num_workers, 1)
+    max_splits = _check_int("max_splits", max_splits, 1)
+
+    n_pages = max(1, -(-max_seq_len // block_size))
+    items = batch * num_kv_heads
+    wanted = -(-(_TARGET_WAVES * num_workers) // items)
+    splits = max(1, min(wanted, max_splits, n_pages))
+    # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
+    # in 6 splits gives 2 pages per split and only 5 non-empty ones: return the 5.
+    pages_per_split = -(-n_pages // splits)
+    return -(-n_pages // pages_per_split)

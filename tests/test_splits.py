@@ -1,0 +1,94 @@
+"""kvkit.splits: page-aligned split ranges and the split-count heuristic."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvkit.splits import MAX_SPLITS, choose_num_splits, page_range, split_page_range
+
+block_sizes = st.sampled_from([16, 32, 64, 128])
+
+
+@given(seq_len=st.integers(0, 5000), block_size=block_sizes, num_splits=st.integers(1, MAX_SPLITS))
+def test_splits_partition_the_pages(seq_len, block_size, num_splits):
+    n_pages = -(-seq_len // block_size)
+    covered = []
+    for s in range(num_splits):
+        first, end = split_page_range(seq_len, block_size, num_splits, s)
+        assert (first, end) == page_range(seq_len, block_size, num_splits, s)
+        covered.extend(range(first, end))
+    # Every page exactly once, in order: splits are contiguous and page-aligned.
+    assert covered == list(range(n_pages))
+
+
+def test_split_page_range_examples():
+    # 10 pages in 4 splits: 3 pages each, the last one short.
+    ranges = [split_page_range(10 * 16, 16, 4, s) for s in range(4)]
+    assert ranges == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    # seq_len % block_size == 1 opens one more page.
+    assert split_page_range(16 * 3 + 1, 16, 1, 0) == (0, 4)
+    # More splits than pages: the tail splits are empty.
+    first, end = split_page_range(20, 16, 8, 5)
+    assert first >= end
+    assert split_page_range(0, 16, 3, 0) == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "args, exc",
+    [
+        ((-1, 16, 2, 0), ValueError),
+        ((10, 0, 2, 0), ValueError),
+        ((10, 16, 0, 0), ValueError),
+        ((10, 16, 2, 2), ValueError),
+        ((10, 16, 2, -1), ValueError),
+        ((10.0, 16, 2, 0), TypeError),
+        ((10, True, 2, 0), TypeError),
+    ],
+)
+def test_split_page_range_rejects_bad_arguments(args, exc):
+    with pytest.raises(exc):
+        split_page_range(*args)
+
+
+@given(
+    batch=st.integers(1, 512),
+    num_kv_heads=st.sampled_from([1, 2, 4, 8, 32]),
+    max_seq_len=st.integers(0, 200_000),
+    block_size=block_sizes,
+    num_workers=st.integers(1, 256),
+    max_splits=st.integers(1, MAX_SPLITS),
+)
+def test_choose_num_splits_bounds(batch, num_kv_heads, max_seq_len, block_size, num_workers,
+                                  max_splits):
+    n = choose_num_splits(batch, num_kv_heads, max_seq_len, block_size,
+                          num_workers=num_workers, max_splits=max_splits)
+    n_pages = -(-max_seq_len // block_size)
+    assert 1 <= n <= max_splits
+    assert n <= max(1, n_pages)
+    # The last split is never empty, so no work item is pure merge overhead.
+    if n_pages:
+        first, end = split_page_range(max_seq_len, block_size, n, n - 1)
+        assert first < end
+
+
+def test_choose_num_splits_fills_workers():
+    # One sequence, 8 KV heads on 132 SMs: split as far as the cap allows.
+    assert choose_num_splits(1, 8, 32768, 16, num_workers=132) == MAX_SPLITS
+    # A big batch already fills the machine: no split.
+    assert choose_num_splits(256, 8, 32768, 16, num_workers=132) == 1
+    # Never more splits than pages.
+    assert choose_num_splits(1, 1, 40, 16, num_workers=132) == 3
+    assert choose_num_splits(1, 1, 0, 16, num_workers=132) == 1
+    # A middle case: 64 items want 5 splits for 2 waves over 132 workers.
+    assert choose_num_splits(8, 8, 32768, 16, num_workers=132) == 5
+
+
+def test_choose_num_splits_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="batch"):
+        choose_num_splits(0, 8, 100, 16, num_workers=4)
+    with pytest.raises(ValueError, match="num_workers"):
+        choose_num_splits(1, 8, 100, 16, num_workers=0)
+    with pytest.raises(TypeError, match="block_size"):
+        choose_num_splits(1, 8, 100, 16.0, num_workers=4)
