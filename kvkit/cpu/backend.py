@@ -1,9 +1,8 @@
 """CPU backend entry points: route a validated call to the family's Numba kernel.
 
 Everything here receives float32 K/V, int64 slot/row indices that are already checked, and
-a layer whose planes are NumPy arrays. Dense formats (fp16, bf16, fp8_e4m3) are a per-element
-cast plus a scatter, which NumPy does as fast as a loop would; the spec's array codecs do the
-cast.
+a layer whose planes are NumPy arrays. fp16 and bf16 are a per-element cast plus a scatter,
+which NumPy does as fast as a loop would; the spec's array codecs do the cast.
 """
 
 from __future__ import annotations
@@ -40,7 +39,11 @@ def write_rows(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slots: np.ndarra
     fmt = layer.fmt
     bs = layer.block_size
     p = layer.planes
-    if isinstance(fmt, (DenseFormat, FP8Format)):
+    if isinstance(fmt, FP8Format):
+        write.write_fp8(
+            k, v, slots, bs, p["k"], p["v"], np.float32(layer.k_scale), np.float32(layer.v_scale)
+        )
+    elif isinstance(fmt, DenseFormat):
         keep = slots >= 0
         enc = fmt.encode(k[keep], v[keep], layer.k_scale, layer.v_scale)
         blk, off = np.divmod(slots[keep], bs)

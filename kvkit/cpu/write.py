@@ -176,3 +176,19 @@ def write_turboquant(
                     k[t, h], slot, signs, centroids, midpoints, sqrt_d, key_bits, norm_offset, buf, lanes
                 )
             tq_encode_value(v[t, h], slot, value_bits, value_offset, value_scale_offset, value_zero_offset)
+
+
+@njit(parallel=True, cache=True)
+def write_fp8(k, v, slot_mapping, block_size, k_plane, v_plane, gk, gv):
+    """fp8_e4m3: byte = e4m3_satfinite(x / scale). k, v: (N, H, D) float32; planes (.., D)."""
+    n_tok, n_head, d = k.shape
+    for t in prange(n_tok):
+        slot = slot_mapping[t]
+        if slot < 0:
+            continue
+        blk = slot // block_size
+        off = slot % block_size
+        for h in range(n_head):
+            for i in range(d):
+                k_plane[blk, h, off, i] = e4m3_encode(k[t, h, i] / gk)
+                v_plane[blk, h, off, i] = e4m3_encode(v[t, h, i] / gv)
