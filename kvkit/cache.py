@@ -172,5 +172,3 @@ class PagedKVCache:
             f"PagedKVCache({'/'.join(names)}, layers={self.num_layers}, "
             f"kv_heads={self.num_kv_heads}, blocks={self.num_blocks}x{self.block_size})"
         )
-
-

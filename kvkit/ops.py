@@ -41,7 +41,9 @@ def _host_array(name: str, x: object) -> np.ndarray:
 
 def _check_layer(layer: object) -> CacheLayer:
     if not isinstance(layer, CacheLayer):
-        raise TypeError(f"layer must be a kvkit CacheLayer (cache.layer(i)), got {type(layer).__name__}")
+        raise TypeError(
+            f"layer must be a kvkit CacheLayer (cache.layer(i)), got {type(layer).__name__}"
+        )
     # Scales can only be set through the validating properties, but a check here keeps the
     # "non-finite or non-positive global scale" error at the call that would use it.
     for name in ("k_scale", "v_scale"):

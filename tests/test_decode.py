@@ -40,7 +40,7 @@ def build(name, block_size, lens, seed):
     tables = np.full((len(lens), width), -7, np.int32)  # padding past each sequence: junk
     ks, vs = [], []
     start = 0
-    for b, n in enumerate(lens):
+    for b in range(len(lens)):
         tables[b, : pages_per_seq[b]] = perm[start : start + pages_per_seq[b]]
         start += pages_per_seq[b]
     for b, n in enumerate(lens):
@@ -70,7 +70,8 @@ def decode_cases(draw):
     block_size = draw(st.sampled_from([16, 32]))
     residue = draw(st.sampled_from([0, 1, block_size - 1]))
     lens = [
-        max(q_len, draw(st.integers(0, 4)) * block_size + residue) for _ in range(draw(st.integers(1, 3)))
+        max(q_len, draw(st.integers(0, 4)) * block_size + residue)
+        for _ in range(draw(st.integers(1, 3)))
     ]
     splits = draw(st.sampled_from([1, 3, MAX_SPLITS]))
     window = draw(st.sampled_from([None, 1, 5, block_size + 3]))

@@ -17,7 +17,10 @@ def layer(request):
 
 def kv(n=3, heads=2, d=64, dtype=np.float32):
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((n, heads, d)).astype(dtype), rng.standard_normal((n, heads, d)).astype(dtype))
+    return (
+        rng.standard_normal((n, heads, d)).astype(dtype),
+        rng.standard_normal((n, heads, d)).astype(dtype),
+    )
 
 
 def snapshot(layer):
@@ -149,7 +152,11 @@ def test_cache_constructor_checks():
 
 
 def test_per_layer_formats_and_plane_shapes():
-    fmts = [formats.get("fp16", 128), formats.get("turboquant_3bit_nc", 128), formats.get("nvfp4", 128)]
+    fmts = [
+        formats.get("fp16", 128),
+        formats.get("turboquant_3bit_nc", 128),
+        formats.get("nvfp4", 128),
+    ]
     cache = kvkit.PagedKVCache(fmts, 3, 8, 10, 32)
     assert cache.layer(0).planes["k"].shape == (10, 8, 32, 128)
     assert cache.layer(0).planes["k"].dtype == np.float16

@@ -67,4 +67,6 @@ def dequant_turboquant(
             scale = _f16_at(slot, value_scale_offset)
             zero = _f16_at(slot, value_zero_offset)
             for i in range(d):
-                out_v[m, h, i] = np.float32(get_code(slot, value_offset, i, value_bits)) * scale + zero
+                out_v[m, h, i] = (
+                    np.float32(get_code(slot, value_offset, i, value_bits)) * scale + zero
+                )

@@ -85,8 +85,12 @@ def write_nvfp4(k, v, slot_mapping, block_size, k_data, k_sf, v_data, v_sf, gk, 
         q = np.empty(_BLOCK, np.uint8)
         q_alt = np.empty(_BLOCK, np.uint8)
         for h in range(n_head):
-            nvfp4_encode_row(k[t, h], gk, four_over_six, k_data[blk, h, off], k_sf[blk, h, off], q, q_alt)
-            nvfp4_encode_row(v[t, h], gv, four_over_six, v_data[blk, h, off], v_sf[blk, h, off], q, q_alt)
+            nvfp4_encode_row(
+                k[t, h], gk, four_over_six, k_data[blk, h, off], k_sf[blk, h, off], q, q_alt
+            )
+            nvfp4_encode_row(
+                v[t, h], gv, four_over_six, v_data[blk, h, off], v_sf[blk, h, off], q, q_alt
+            )
 
 
 @njit(cache=True)
@@ -173,9 +177,20 @@ def write_turboquant(
                     slot[i] = e4m3_encode(k[t, h, i] / gk)
             else:
                 tq_encode_mse_key(
-                    k[t, h], slot, signs, centroids, midpoints, sqrt_d, key_bits, norm_offset, buf, lanes
+                    k[t, h],
+                    slot,
+                    signs,
+                    centroids,
+                    midpoints,
+                    sqrt_d,
+                    key_bits,
+                    norm_offset,
+                    buf,
+                    lanes,
                 )
-            tq_encode_value(v[t, h], slot, value_bits, value_offset, value_scale_offset, value_zero_offset)
+            tq_encode_value(
+                v[t, h], slot, value_bits, value_offset, value_scale_offset, value_zero_offset
+            )
 
 
 @njit(parallel=True, cache=True)

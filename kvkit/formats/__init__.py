@@ -69,7 +69,8 @@ def get(name: str, head_dim: int, **options: object) -> Format:
     head_dim = int(head_dim)
     if head_dim <= 0 or head_dim > MAX_HEAD_DIM or head_dim % HEAD_DIM_MULTIPLE:
         raise ValueError(
-            f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in 16..{MAX_HEAD_DIM}, got {head_dim}"
+            f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in "
+            f"{HEAD_DIM_MULTIPLE}..{MAX_HEAD_DIM}, got {head_dim}"
         )
     if name in turboquant.PRESETS:
         unknown = set(options) - {"rotation", "codebook"}

@@ -11,7 +11,7 @@ a coordinate's index is the number of midpoints <= it (a value on a midpoint goe
 from __future__ import annotations
 
 import math
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -27,7 +27,7 @@ def _cdf(x: float) -> float:
     return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0)))
 
 
-@lru_cache(maxsize=None)
+@cache
 def lloyd_max_standard(levels: int) -> tuple[float, ...]:
     """Converged Lloyd-Max levels for N(0, 1), ascending, float64."""
     # Start from equal-probability cell centres: any symmetric start converges for a
@@ -35,9 +35,7 @@ def lloyd_max_standard(levels: int) -> tuple[float, ...]:
     c = [math.sqrt(2.0) * _erfinv(2.0 * (i + 0.5) / levels - 1.0) for i in range(levels)]
     for _ in range(_LLOYD_MAX_ITERS):
         t = [-math.inf] + [(c[i] + c[i + 1]) / 2.0 for i in range(levels - 1)] + [math.inf]
-        new = [
-            (_phi(t[i]) - _phi(t[i + 1])) / (_cdf(t[i + 1]) - _cdf(t[i])) for i in range(levels)
-        ]
+        new = [(_phi(t[i]) - _phi(t[i + 1])) / (_cdf(t[i + 1]) - _cdf(t[i])) for i in range(levels)]
         delta = max(abs(a - b) for a, b in zip(new, c))
         c = new
         if delta < _LLOYD_TOL:
@@ -72,7 +70,9 @@ def check_codebook(centroids: object, bits: int) -> np.ndarray:
     """Validate a user codebook: 2**bits finite, strictly ascending values -> float32."""
     c = np.asarray(centroids, dtype=np.float64)
     if c.shape != (1 << bits,):
-        raise ValueError(f"codebook must have shape ({1 << bits},) for {bits}-bit keys, got {c.shape}")
+        raise ValueError(
+            f"codebook must have shape ({1 << bits},) for {bits}-bit keys, got {c.shape}"
+        )
     if not np.all(np.isfinite(c)):
         raise ValueError("codebook must be finite")
     c32 = c.astype(np.float32)

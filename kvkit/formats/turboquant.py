@@ -170,7 +170,9 @@ class TurboQuantFormat(Format):
             with np.errstate(all="ignore"):
                 k = (t * (norm / self.sqrt_d)[..., None]) * self.signs
         o = self.value_offset
-        q = bitpack.unpack_array(s[..., o : o + self.value_data_bytes], self.head_dim, self.value_bits)
+        q = bitpack.unpack_array(
+            s[..., o : o + self.value_data_bytes], self.head_dim, self.value_bits
+        )
         scale = _f16_from(s[..., self.value_scale_offset : self.value_scale_offset + 2])
         zero = _f16_from(s[..., self.value_zero_offset : self.value_zero_offset + 2])
         with np.errstate(all="ignore"):

@@ -71,7 +71,9 @@ def test_write_bytes_equal_the_reference_quantizer(case):
     kvkit.write_kv(layer, k, v, slots)
 
     live = slots >= 0
-    ref = fmt.encode(k[live].astype(np.float32), v[live].astype(np.float32), layer.k_scale, layer.v_scale)
+    ref = fmt.encode(
+        k[live].astype(np.float32), v[live].astype(np.float32), layer.k_scale, layer.v_scale
+    )
     blocks, offsets = np.divmod(slots[live].astype(np.int64), bs)
     written = np.zeros((num_blocks, bs), bool)
     written[blocks, offsets] = True

@@ -40,7 +40,9 @@ def test_scalar_put_get_agree_with_array_form(case, base):
     buf = np.zeros(base + bitpack.packed_bytes(d, bits) + 2, np.uint8)
     for i in range(d):
         put_jit(buf, base, i, bits, int(codes[0, i]))
-    np.testing.assert_array_equal(buf[base : base + bitpack.packed_bytes(d, bits)], bitpack.pack_array(codes[0], bits))
+    np.testing.assert_array_equal(
+        buf[base : base + bitpack.packed_bytes(d, bits)], bitpack.pack_array(codes[0], bits)
+    )
     assert buf[:base].sum() == 0 and buf[base + bitpack.packed_bytes(d, bits) :].sum() == 0
     np.testing.assert_array_equal([get_jit(buf, base, i, bits) for i in range(d)], codes[0])
 

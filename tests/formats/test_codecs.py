@@ -115,4 +115,6 @@ def test_bf16_bits_match_ml_dtypes():
     ).astype(np.float32)
     ref = x.astype(ml_dtypes.bfloat16).view(np.uint16)
     np.testing.assert_array_equal(codecs.bf16_bits_array(x), ref)
-    np.testing.assert_array_equal(codecs.bf16_values_array(ref), ref.view(ml_dtypes.bfloat16).astype(np.float32))
+    np.testing.assert_array_equal(
+        codecs.bf16_values_array(ref), ref.view(ml_dtypes.bfloat16).astype(np.float32)
+    )

@@ -52,7 +52,10 @@ def test_signs_are_pinned_by_the_documented_seed():
         z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
         return z ^ (z >> 31)
 
-    expect = [-1.0 if mix((0x6B766B6974 + (i + 1) * 0x9E3779B97F4A7C15) & mask) >> 63 else 1.0 for i in range(256)]
+    expect = [
+        -1.0 if mix((0x6B766B6974 + (i + 1) * 0x9E3779B97F4A7C15) & mask) >> 63 else 1.0
+        for i in range(256)
+    ]
     np.testing.assert_array_equal(hadamard.rotation_signs(256, "signed_hadamard"), expect)
     np.testing.assert_array_equal(hadamard.rotation_signs(128, "hadamard"), np.ones(128))
     # Roughly balanced, as a random sign vector should be.

@@ -10,9 +10,24 @@ from kvkit import formats
 # vLLM's TurboQuant slot sizes (its unit test asserts the D=128 ones; D=64/256 from the same
 # formulas, ../shared/reference/FACTS.md).
 PUBLISHED_TQ_SLOTS = {
-    64: {"turboquant_k8v4": 100, "turboquant_4bit_nc": 70, "turboquant_k3v4_nc": 62, "turboquant_3bit_nc": 54},
-    128: {"turboquant_k8v4": 196, "turboquant_4bit_nc": 134, "turboquant_k3v4_nc": 118, "turboquant_3bit_nc": 102},
-    256: {"turboquant_k8v4": 388, "turboquant_4bit_nc": 262, "turboquant_k3v4_nc": 230, "turboquant_3bit_nc": 198},
+    64: {
+        "turboquant_k8v4": 100,
+        "turboquant_4bit_nc": 70,
+        "turboquant_k3v4_nc": 62,
+        "turboquant_3bit_nc": 54,
+    },
+    128: {
+        "turboquant_k8v4": 196,
+        "turboquant_4bit_nc": 134,
+        "turboquant_k3v4_nc": 118,
+        "turboquant_3bit_nc": 102,
+    },
+    256: {
+        "turboquant_k8v4": 388,
+        "turboquant_4bit_nc": 262,
+        "turboquant_k3v4_nc": 230,
+        "turboquant_3bit_nc": 198,
+    },
 }
 
 
@@ -88,5 +103,7 @@ def test_cuda_defines_render_the_layout():
     d = formats.get("turboquant_4bit_nc", 128).cuda_defines()
     assert d["TQ_SLOT_BYTES"] == "134" and d["KV_HEAD_DIM"] == "128"
     cents = [float(x.rstrip("f")) for x in d["TQ_CENTROIDS"].strip("{}").split(",")]
-    np.testing.assert_array_equal(np.float32(cents), formats.get("turboquant_4bit_nc", 128).centroids)
+    np.testing.assert_array_equal(
+        np.float32(cents), formats.get("turboquant_4bit_nc", 128).centroids
+    )
     assert formats.get("nvfp4_4over6", 64).cuda_defines()["KV_NVFP4_FOUR_OVER_SIX"] == "1"

@@ -57,9 +57,10 @@ def test_nvfp4_blocks_follow_the_written_rule(name):
         assert pick4.any() and (~pick4).any()
     k, _ = fmt.decode(planes, float(g), float(g))
     # decoded value = e2m1 * sf * g, float32
-    ref = codes.reshape(300, 8, 16).view(ml_dtypes.float4_e2m1fn).astype(np.float32) * sf.view(
-        ml_dtypes.float8_e4m3fn
-    ).astype(np.float32)[..., None]
+    ref = (
+        codes.reshape(300, 8, 16).view(ml_dtypes.float4_e2m1fn).astype(np.float32)
+        * sf.view(ml_dtypes.float8_e4m3fn).astype(np.float32)[..., None]
+    )
     np.testing.assert_array_equal(k, (ref * g).reshape(300, 128))
 
 
