@@ -31,7 +31,7 @@ def _tq_tables(fmt: TurboQuantFormat) -> tuple[np.ndarray, np.ndarray, np.ndarra
     if fmt.key_kind == "fp8":
         z = np.zeros(1, np.float32)
         return z, z, z
-    return fmt.signs, fmt.centroids, fmt.midpoints.astype(np.float32)
+    return fmt.signs, fmt.centroids, fmt.midpoints
 
 
 def write_rows(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slots: np.ndarray) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -100,20 +101,22 @@ class TurboQuantFormat(Format):
     def planes(self) -> dict[str, PlaneSpec]:
         return {"slots": PlaneSpec(self.slot_bytes, "uint8")}
 
-    # --- constants ------------------------------------------------------------------------
-    @property
+    # --- constants (computed once, read-only: they are part of the format) -----------------
+    @cached_property
     def signs(self) -> np.ndarray:
         """(D,) float32 +-1, the diagonal of the rotation."""
-        return hadamard.rotation_signs(self.head_dim, self.rotation)
+        return _frozen(hadamard.rotation_signs(self.head_dim, self.rotation))
 
-    @property
+    @cached_property
     def centroids(self) -> np.ndarray:
         """(2**key_bits,) float32 codebook (MSE keys); empty for FP8 keys."""
-        return np.asarray(self.centroids_tuple, dtype=np.float32)
+        return _frozen(np.asarray(self.centroids_tuple, dtype=np.float32))
 
-    @property
+    @cached_property
     def midpoints(self) -> np.ndarray:
-        return codebook.midpoints(self.centroids) if self.key_kind == "mse" else np.zeros(0)
+        """(2**key_bits - 1,) float32 bucketing thresholds (MSE keys); empty for FP8 keys."""
+        mids = codebook.midpoints(self.centroids) if self.key_kind == "mse" else np.zeros(0)
+        return _frozen(mids.astype(np.float32))
 
     @property
     def sqrt_d(self) -> np.float32:
@@ -204,6 +207,11 @@ class TurboQuantFormat(Format):
             d["TQ_MIDPOINTS"] = "{" + ",".join(cuda_float(c) for c in self.midpoints) + "}"
             d["TQ_SIGNS"] = "{" + ",".join("1" if s > 0 else "-1" for s in self.signs) + "}"
         return d
+
+
+def _frozen(a: np.ndarray) -> np.ndarray:
+    a.setflags(write=False)
+    return a
 
 
 def _f16_bytes(x: np.ndarray) -> np.ndarray:
