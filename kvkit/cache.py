@@ -14,7 +14,7 @@ import numpy as np
 from .formats import Format, check_global_scale
 
 BLOCK_SIZES = (16, 32, 64, 128)
-BACKENDS = ("cpu",)
+BACKENDS = ("cpu", "cuda")
 
 
 class CacheLayer:
@@ -27,18 +27,24 @@ class CacheLayer:
             1.0 and ignored otherwise). Setting one validates it (finite, > 0).
     """
 
-    def __init__(self, fmt: Format, num_kv_heads: int, num_blocks: int, block_size: int):
+    def __init__(
+        self, fmt: Format, num_kv_heads: int, num_blocks: int, block_size: int, backend: str = "cpu"
+    ):
         self.fmt = fmt
         self.num_kv_heads = num_kv_heads
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.backend = "cpu"
+        self.backend = backend
         self._k_scale = 1.0
         self._v_scale = 1.0
-        self.planes: dict[str, np.ndarray] = {
-            name: np.zeros((num_blocks, num_kv_heads, block_size, spec.width), dtype=spec.dtype)
+        xp = _array_module(backend)
+        self.planes = {
+            name: xp.zeros((num_blocks, num_kv_heads, block_size, spec.width), dtype=spec.dtype)
             for name, spec in fmt.planes.items()
         }
+        #: CUDA only: int32 (1,) device word the kernels OR error bits into (1 slot out of
+        #: range, 2 block-table entry out of range, 4 seq_len out of range).
+        self.error_flag = xp.zeros(1, dtype=np.int32) if backend == "cuda" else None
 
     @property
     def head_dim(self) -> int:
@@ -70,9 +76,14 @@ class CacheLayer:
         return sum(p.nbytes for p in self.planes.values())
 
     def dequantize_pages(self, pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """pages: (P,) block ids in range -> k, v (P, num_kv_heads, block_size, D) float32."""
+        """pages: (P,) block ids in range -> k, v (P, num_kv_heads, block_size, D) float32.
+
+        CPU layers only (the CPU decode attends over dequantized pages).
+        """
         from .cpu.backend import dequantize_rows
 
+        if self.backend != "cpu":
+            raise TypeError("dequantize_pages is part of the CPU decode path")
         pages = np.asarray(pages, dtype=np.int64)
         bs = self.block_size
         blocks = np.repeat(pages, bs)
@@ -91,6 +102,19 @@ class CacheLayer:
         )
 
 
+def _array_module(backend: str):
+    if backend == "cpu":
+        return np
+    try:
+        import cupy
+    except Exception as exc:  # ImportError, or a CUDA install that fails to load
+        raise RuntimeError(
+            f"backend='cuda' needs CuPy with a working CUDA device ({type(exc).__name__}: {exc}); "
+            "install kvkit[cuda]"
+        ) from None
+    return cupy
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
@@ -107,7 +131,8 @@ class PagedKVCache:
             formats, e.g. boundary layers kept in higher precision). All must share head_dim.
         num_layers, num_kv_heads, num_blocks: positive ints.
         block_size: tokens per page, one of 16, 32, 64, 128.
-        backend: ``None`` or ``"cpu"`` (NumPy planes, Numba kernels).
+        backend: ``None`` or ``"cpu"`` (NumPy planes, Numba kernels), or ``"cuda"`` (CuPy
+            planes on the current device, NVRTC-compiled kernels).
     """
 
     def __init__(
@@ -127,8 +152,6 @@ class PagedKVCache:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if backend is None:
             backend = "cpu"
-        if backend == "cuda":
-            raise ValueError("backend='cuda' is not available in this build; use backend='cpu'")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS} or None, got {backend!r}")
         if isinstance(fmt, str):
@@ -148,7 +171,7 @@ class PagedKVCache:
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.backend = backend
-        self.layers = [CacheLayer(f, num_kv_heads, num_blocks, block_size) for f in fmts]
+        self.layers = [CacheLayer(f, num_kv_heads, num_blocks, block_size, backend) for f in fmts]
 
     @property
     def formats(self) -> list[Format]:

@@ -1,21 +1,28 @@
 """The functional front door: write_kv, dequantize, decode, merge_states.
 
-The arrays decide the backend: NumPy arrays run the Numba kernels. Argument shapes and
-dtypes are checked before anything runs; index contents (slots, block tables, seq_lens) are
-checked on the host for the CPU backend, and nothing is written when a check fails.
+The layer decides the backend: a CPU layer takes NumPy arrays and runs the Numba kernels; a
+CUDA layer takes device arrays (CuPy, ``__cuda_array_interface__`` or CUDA DLPack objects such
+as torch tensors, all zero-copy) and runs the NVRTC kernels. Argument shapes and dtypes are
+checked on the host before anything runs, with the same errors on both backends and without a
+device synchronization. Index contents (slots, block tables, seq_lens) are checked on the host
+by the CPU backend, where nothing is written when a check fails; the CUDA kernels never follow
+an out-of-range index, skip it and record it in ``layer.error_flag``, and ``validate=True``
+synchronizes and raises the CPU backend's error for it.
 """
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
 from .cache import CacheLayer
 from .cpu import backend as cpu_backend
 from .cpu.decode import decode_pages
-from .cpu.merge import merge_states
-from .decode_args import check_decode_args
+from .cpu.merge import merge_states as _merge_states_cpu
+from .cuda.arrays import as_cupy, is_device_array
+from .decode_args import check_decode_args, check_decode_indices, check_decode_shapes
 
 __all__ = ["write_kv", "dequantize", "decode", "merge_states"]
 
@@ -31,12 +38,32 @@ def _host_array(name: str, x: object) -> np.ndarray:
     """The CPU backend takes NumPy arrays; a device array gets a clear error, not a copy."""
     if isinstance(x, np.ndarray):
         return x
-    if hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack_device__"):
+    if is_device_array(x):
         raise TypeError(
             f"{name} is a device array, but this layer's planes live on the CPU "
-            "(the CUDA backend is not available in this build)"
+            "(build the cache with backend='cuda')"
         )
     raise TypeError(f"{name} must be a NumPy array, got {type(x).__name__}")
+
+
+def _meta(arr: object, dtype_name: str) -> SimpleNamespace:
+    """Shape and logical dtype of a device array, for the shared host-side checks."""
+    shape = tuple(arr.shape)  # type: ignore[attr-defined]
+    return SimpleNamespace(shape=shape, ndim=len(shape), dtype=SimpleNamespace(name=dtype_name))
+
+
+def _contiguous(name: str, arr: object) -> None:
+    if not arr.flags.c_contiguous:  # type: ignore[attr-defined]
+        raise ValueError(f"{name} must be C-contiguous on the GPU path (got strides {arr.strides})")
+
+
+def _raise_device_errors(layer: CacheLayer, host_check) -> None:
+    """validate=True: synchronize, and turn the kernels' error bits into the CPU error."""
+    flag = int(layer.error_flag.get()[0])
+    if flag:
+        layer.error_flag.fill(0)
+        host_check()
+        raise RuntimeError(f"a kernel reported out-of-range indices (error bits {flag:#x})")
 
 
 def _check_layer(layer: object) -> CacheLayer:
@@ -53,9 +80,7 @@ def _check_layer(layer: object) -> CacheLayer:
     return layer
 
 
-def _check_kv(layer: CacheLayer, k: object, v: object) -> tuple[np.ndarray, np.ndarray]:
-    k = _host_array("k", k)
-    v = _host_array("v", v)
+def _check_kv_meta(layer: CacheLayer, k, v) -> None:
     for name, x in (("k", k), ("v", v)):
         if x.dtype.name not in _KV_DTYPES:
             raise TypeError(f"{name} must be float16, float32 or bfloat16, got {x.dtype.name}")
@@ -69,6 +94,12 @@ def _check_kv(layer: CacheLayer, k: object, v: object) -> tuple[np.ndarray, np.n
             raise ValueError(f"{name} head_dim {x.shape[2]} != the layer's {layer.head_dim}")
     if k.shape != v.shape:
         raise ValueError(f"k {k.shape} and v {v.shape} must have the same shape")
+
+
+def _check_kv(layer: CacheLayer, k: object, v: object) -> tuple[np.ndarray, np.ndarray]:
+    k = _host_array("k", k)
+    v = _host_array("v", v)
+    _check_kv_meta(layer, k, v)
     # fp16 and bf16 widen to float32 exactly, so the kernels see only float32.
     return (
         np.ascontiguousarray(k, dtype=np.float32),
@@ -76,12 +107,16 @@ def _check_kv(layer: CacheLayer, k: object, v: object) -> tuple[np.ndarray, np.n
     )
 
 
-def _check_slots(name: str, slots: object, n: int, capacity: int) -> np.ndarray:
-    slots = _host_array(name, slots)
+def _check_slots_meta(name: str, slots, n: int) -> None:
     if slots.dtype.name not in _INDEX_DTYPES:
         raise TypeError(f"{name} must be int32 or int64, got {slots.dtype.name}")
-    if slots.shape != (n,):
-        raise ValueError(f"{name} must be ({n},), got shape {slots.shape}")
+    if tuple(slots.shape) != (n,):
+        raise ValueError(f"{name} must be ({n},), got shape {tuple(slots.shape)}")
+
+
+def _check_slots(name: str, slots: object, n: int, capacity: int) -> np.ndarray:
+    slots = _host_array(name, slots)
+    _check_slots_meta(name, slots, n)
     slots = slots.astype(np.int64)
     too_big = np.flatnonzero(slots >= capacity)
     if too_big.size:
@@ -92,20 +127,35 @@ def _check_slots(name: str, slots: object, n: int, capacity: int) -> np.ndarray:
     return slots
 
 
-def write_kv(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slot_mapping: np.ndarray) -> None:
+def write_kv(
+    layer: CacheLayer,
+    k: np.ndarray,
+    v: np.ndarray,
+    slot_mapping: np.ndarray,
+    *,
+    validate: bool = False,
+) -> None:
     """Quantize and store N token-heads into the layer's planes.
 
     Args:
         layer: a ``CacheLayer`` (``cache.layer(i)``).
-        k, v: (N, num_kv_heads, head_dim) float16, bfloat16 or float32.
+        k, v: (N, num_kv_heads, head_dim) float16, bfloat16 or float32 (NumPy for a CPU
+            layer; device arrays, C-contiguous, for a CUDA layer).
         slot_mapping: (N,) int32 or int64; slot = block * block_size + offset. Negative
             slots are padding and skipped. Non-negative slots must be < capacity and
-            distinct.
+            distinct (the CPU path checks both; the CUDA kernels skip and flag a slot beyond
+            the cache, and do not check distinctness).
+        validate: CUDA layers only: synchronize and raise the CPU path's error if a kernel
+            met an out-of-range slot. CPU layers always validate.
 
     Raises:
-        TypeError / ValueError naming the argument; nothing is written when one is raised.
+        TypeError / ValueError naming the argument; on the CPU nothing is written when one
+        is raised.
     """
     layer = _check_layer(layer)
+    if layer.backend == "cuda":
+        _write_kv_cuda(layer, k, v, slot_mapping, validate)
+        return
     k32, v32 = _check_kv(layer, k, v)
     slots = _check_slots("slot_mapping", slot_mapping, k32.shape[0], layer.capacity)
     live = slots[slots >= 0]
@@ -115,18 +165,60 @@ def write_kv(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slot_mapping: np.n
         cpu_backend.write_rows(layer, k32, v32, slots)
 
 
-def dequantize(layer: CacheLayer, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> None:
+    from .cuda import write as cuda_write
+
+    kc, k_dtype = as_cupy(k, "k")
+    vc, v_dtype = as_cupy(v, "v")
+    _check_kv_meta(layer, _meta(kc, k_dtype), _meta(vc, v_dtype))
+    if k_dtype != v_dtype:
+        raise TypeError(f"k and v must share one dtype on the GPU path, got {k_dtype}, {v_dtype}")
+    sc, s_dtype = as_cupy(slot_mapping, "slot_mapping")
+    _check_slots_meta("slot_mapping", _meta(sc, s_dtype), kc.shape[0])
+    for name, arr in (("k", kc), ("v", vc), ("slot_mapping", sc)):
+        _contiguous(name, arr)
+    if kc.shape[0] == 0:
+        return
+    if validate:
+        layer.error_flag.fill(0)
+    cuda_write.write_rows(layer, kc, vc, sc, k_dtype)
+    if validate:
+        n = kc.shape[0]
+        _raise_device_errors(
+            layer, lambda: _check_slots("slot_mapping", sc.get(), n, layer.capacity)
+        )
+
+
+def dequantize(
+    layer: CacheLayer, slots: np.ndarray, *, validate: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
     """Read N token-heads back as float32, K in the original (un-rotated) space.
 
     Args:
         layer: a ``CacheLayer``.
         slots: (N,) int32 or int64 slot ids < capacity; a negative slot is padding and
-            reads as zeros.
+            reads as zeros (NumPy for a CPU layer, a device array for a CUDA layer).
+        validate: CUDA layers only: synchronize and raise if a slot was beyond the cache
+            (the kernels read such a slot as zeros).
 
     Returns:
-        k, v: (N, num_kv_heads, head_dim) float32, global scales applied.
+        k, v: (N, num_kv_heads, head_dim) float32 arrays of the layer's backend, global
+        scales applied.
     """
     layer = _check_layer(layer)
+    if layer.backend == "cuda":
+        from .cuda import dequant as cuda_dequant
+
+        sc, s_dtype = as_cupy(slots, "slots")
+        n = sc.shape[0] if sc.ndim == 1 else -1
+        _check_slots_meta("slots", _meta(sc, s_dtype), n)
+        _contiguous("slots", sc)
+        if validate:
+            layer.error_flag.fill(0)
+        k, v = cuda_dequant.dequantize_rows(layer, sc)
+        if validate:
+            _raise_device_errors(layer, lambda: _check_slots("slots", sc.get(), n, layer.capacity))
+        return k, v
     arr = _host_array("slots", slots)
     n = arr.shape[0] if arr.ndim == 1 else -1
     slots64 = _check_slots("slots", arr, n, layer.capacity)
@@ -152,6 +244,7 @@ def decode(
     window: int | None = None,
     sinks: np.ndarray | None = None,
     softcap: float | None = None,
+    validate: bool = False,
 ):
     """Paged decode attention (split-K) over one layer's cache.
 
@@ -172,19 +265,26 @@ def decode(
         window: sliding window length (tokens, the query's own included) or None.
         sinks: (Hq,) per-head sink logits (they join the softmax denominator only) or None.
         softcap: logit soft-cap c > 0: s -> c * tanh(s / c), or None.
+        validate: CUDA layers only: synchronize and raise the CPU path's error if a kernel
+            met an out-of-range block-table entry or seq_len (it treats them as empty).
 
     Returns:
         o with q's leading shape and D, float32; with return_lse also lse (q's shape
-        without D) float32.
+        without D) float32; arrays of the layer's backend.
     """
     layer = _check_layer(layer)
+    if scale is None:
+        scale = 1.0 / math.sqrt(layer.head_dim)
+    if layer.backend == "cuda":
+        return _decode_cuda(
+            q, layer, block_tables, seq_lens, scale, num_splits, return_lse, window, sinks,
+            softcap, validate,
+        )  # fmt: skip
     q = _host_array("q", q)
     block_tables = _host_array("block_tables", block_tables)
     seq_lens = _host_array("seq_lens", seq_lens)
     if sinks is not None:
         sinks = _host_array("sinks", sinks)
-    if scale is None:
-        scale = 1.0 / math.sqrt(layer.head_dim)
     check_decode_args(
         q, block_tables, seq_lens,
         num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
@@ -209,3 +309,69 @@ def decode(
     if single:
         o, lse = o[:, 0], lse[:, 0]
     return (o, lse) if return_lse else o
+
+
+def _decode_cuda(
+    q, layer, block_tables, seq_lens, scale, num_splits, return_lse, window, sinks, softcap,
+    validate,
+):  # fmt: skip
+    import cupy
+
+    from .cuda import decode as cuda_decode
+
+    qc, q_dtype = as_cupy(q, "q")
+    tc, t_dtype = as_cupy(block_tables, "block_tables")
+    lc, l_dtype = as_cupy(seq_lens, "seq_lens")
+    sc, s_dtype = (None, None) if sinks is None else as_cupy(sinks, "sinks")
+    q_meta = _meta(qc, q_dtype)
+    _, q_len, _ = check_decode_shapes(
+        q_meta, _meta(tc, t_dtype), _meta(lc, l_dtype),
+        num_kv_heads=layer.num_kv_heads, head_dim=layer.head_dim,
+        num_blocks=layer.num_blocks, block_size=layer.block_size, scale=scale,
+        num_splits=num_splits, window=window,
+        sinks=None if sc is None else _meta(sc, s_dtype), softcap=softcap,
+    )  # fmt: skip
+    for name, arr in (("q", qc), ("block_tables", tc), ("seq_lens", lc)):
+        _contiguous(name, arr)
+    single = qc.ndim == 3
+    q4 = qc.reshape(qc.shape[0], 1, *qc.shape[1:]) if single else qc
+    sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
+    if validate:
+        layer.error_flag.fill(0)
+    o, lse = cuda_decode.decode(
+        q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits, window=window,
+        sinks=sinks32, softcap=softcap,
+    )  # fmt: skip
+    if validate:
+        _raise_device_errors(
+            layer,
+            lambda: check_decode_indices(
+                tc.get(),
+                lc.get(),
+                q_len=q_len,
+                num_blocks=layer.num_blocks,
+                block_size=layer.block_size,
+            ),  # fmt: skip
+        )
+    if single:
+        o, lse = o[:, 0], lse[:, 0]
+    return (o, lse) if return_lse else o
+
+
+def merge_states(o, lse):
+    """Combine S attention results over disjoint key sets (cascade / shared prefixes).
+
+    Args:
+        o: (S, *batch, D) float32, each part normalized over its own keys.
+        lse: (S, *batch) float32 natural-log sum-exp of each part (-inf: empty part).
+
+    Returns:
+        o (*batch, D), lse (*batch) float32, NumPy or device arrays like the inputs.
+    """
+    if is_device_array(o) or is_device_array(lse):
+        from .cuda import decode as cuda_decode
+
+        oc, _ = as_cupy(o, "o")
+        lc, _ = as_cupy(lse, "lse")
+        return cuda_decode.merge_states(oc, lc)
+    return _merge_states_cpu(o, lse)
