@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: the GPU test suite natively and through the sm_80 / sm_89 PTX
+# overrides, compute-sanitizer memcheck on one write and one decode per format (bad tables
+# included), then a summary table (last lines of output) and JSON under $OUT.
+#
+#   PYTHONPATH is set to the source tree; nothing is installed.
+#   OUT defaults to ./gpu_out; HYPOTHESIS_PROFILE defaults to ci.
+#   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench
+set -u
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KVKIT_REQUIRE_GPU=1
+export KVKIT_CACHE_DIR=${KVKIT_CACHE_DIR:-/tmp/kvkit_cache}
+export HYPOTHESIS_PROFILE=${HYPOTHESIS_PROFILE:-ci}
+STEPS=${GPU_CHECK_STEPS:-native sm80 sm89 memcheck bench}
+LOG="$OUT/gpu_check.log"
+: > "$LOG"
+: > "$OUT/steps.tsv"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  python -c "import cupy, sys; from cupy_backends.cuda.libs import nvrtc; \
+print('python', sys.version.split()[0], 'cupy', cupy.__version__, 'nvrtc', nvrtc.getVersion())"
+} 2>&1 | tee -a "$LOG"
+
+step() {  # step NAME COMMAND...: run, log, record rc and seconds
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== $name: $*" | tee -a "$LOG"
+  "$@" > "$OUT/$name.part" 2>&1
+  local rc=$?
+  cat "$OUT/$name.part" >> "$LOG"
+  tail -n 3 "$OUT/$name.part"
+  printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(( $(date +%s) - t0 ))" \
+    "$(grep -E '[0-9]+ (passed|failed|error)' "$OUT/$name.part" | tail -n 1)" >> "$OUT/steps.tsv"
+  rm -f "$OUT/$name.part"
+}
+
+SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+for s in $STEPS; do
+  case $s in
+    native)   step gpu_native python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    sm80)     step gpu_sm80 env KVKIT_ARCH=sm_80 python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    sm89)     step gpu_sm89 env KVKIT_ARCH=sm_89 python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    memcheck) step memcheck "$SAN" --tool memcheck --error-exitcode 3 --print-limit 20 \
+                python scripts/sanitize_targets.py ;;
+    bench)    [ -f benchmarks/run.py ] && step bench python benchmarks/run.py --out "$OUT" ;;
+  esac
+done
+
+python - "$OUT" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+rows = [line.split("\t") for line in (out / "steps.tsv").read_text().splitlines() if line]
+summary = [{"step": r[0], "rc": int(r[1]), "seconds": int(r[2]), "result": r[3] if len(r) > 3 else ""}
+           for r in rows]
+(out / "summary.json").write_text(json.dumps(summary, indent=2))
+print("\n==== gpu_check summary ====")
+print(f"{'step':<12} {'rc':>3} {'sec':>5}  result")
+for r in summary:
+    print(f"{r['step']:<12} {r['rc']:>3} {r['seconds']:>5}  {r['result']}")
+PY
+rm -f "$OUT/steps.tsv"
