@@ -49,7 +49,7 @@ def main() -> int:
         except ValueError:
             pass
         bad_lens = cp.asarray(np.array([40, 10_000], np.int32))  # beyond the table
-        kvkit.decode(q, layer, tables[:, :2], bad_lens, num_splits=4)
+        kvkit.decode(q, layer, cp.ascontiguousarray(tables[:, :2]), bad_lens, num_splits=4)
         cp.cuda.Device().synchronize()
         print(f"{name}: ok")
     for f in failures:
