@@ -89,22 +89,22 @@ def bench_decode(names, shapes, reps, copy_bw):
         if torch is not None:
             kv_bytes = 2 * b * HKV * t * D * 2
             n_rot = max(1, math.ceil(2 * L2_BYTES / kv_bytes))
-            ks = [
-                torch.randn(b, HKV, t, D, device="cuda", dtype=torch.float16) for _ in range(n_rot)
-            ]
+            shape = (b, HKV, t, D)
+            ks = [torch.randn(shape, device="cuda", dtype=torch.float16) for _ in range(n_rot)]
             qt = torch.randn(b, HQ, 1, D, device="cuda", dtype=torch.float16)
-            sdpa_ms = time_ms(
-                lambda i: F.scaled_dot_product_attention(
-                    qt, ks[i % n_rot], ks[i % n_rot], enable_gqa=True
-                ),
-                reps,
-            )
-            del ks
+
+            def sdpa(i, qt=qt, ks=ks):
+                kv = ks[i % len(ks)]
+                F.scaled_dot_product_attention(qt, kv, kv, enable_gqa=True)
+
+            sdpa_ms = time_ms(sdpa, reps)
+            del ks, sdpa
         for name in names:
             fmt = formats.get(name, D)
             cache_bytes = b * t * HKV * fmt.bytes_per_token_head
             n_rot = max(1, math.ceil(2 * L2_BYTES / cache_bytes))
             built = [build_layer(name, b, t, rng) for _ in range(n_rot)]
+
             def run(i, q=q, built=built, lens=lens):
                 layer, tables = built[i % len(built)]
                 kvkit.decode(q, layer, tables, lens)
