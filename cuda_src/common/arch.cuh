@@ -1,0 +1,43 @@
+// arch.cuh: the ONLY file in cuda_src that tests __CUDA_ARCH__ (cuda_src/README.md).
+//
+// Feature macros every other file branches on:
+//   KVKIT_ARCH     the __CUDA_ARCH__ number of the device pass (800, 890, 900, 1000, 1200...);
+//                  0 on the host pass.
+//   KVKIT_HW_FP8   1 when cvt.rn.satfinite.e4m3x2.f32 exists (sm_89 and newer), else 0.
+//   KVKIT_HW_FP4   1 when cvt.rn.satfinite.e2m1x2.f32 exists: only the arch-specific
+//                  Blackwell targets sm_100a / sm_120a. __CUDA_ARCH_SPECIFIC__ alone is not
+//                  enough (it is also defined for sm_90a, which lacks these conversions), so
+//                  the family feature macro NVRTC defines for sm_100a / sm_120a is required
+//                  together with the matching arch number.
+//   KVKIT_HW_F16   1 when the fp16 conversions use cvt.rn.f16.f32 / cvt.f32.f16 (every
+//                  target), 0 for the integer twins.
+//
+// -DKVKIT_FORCE_SOFTWARE_CONVERSIONS=1 turns every hardware conversion path off (both macros
+// 0), so the software twins can be run and compared on any GPU.
+#pragma once
+
+#if defined(__CUDA_ARCH__)
+#define KVKIT_ARCH __CUDA_ARCH__
+#else
+#define KVKIT_ARCH 0
+#endif
+
+#if defined(KVKIT_FORCE_SOFTWARE_CONVERSIONS) && KVKIT_FORCE_SOFTWARE_CONVERSIONS
+#define KVKIT_HW_FP8 0
+#define KVKIT_HW_FP4 0
+#define KVKIT_HW_F16 0
+#else
+#define KVKIT_HW_F16 1
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+#define KVKIT_HW_FP8 1
+#else
+#define KVKIT_HW_FP8 0
+#endif
+#if defined(__CUDA_ARCH__) &&                                                 \
+    ((defined(__CUDA_ARCH_FEAT_SM100_ALL) && __CUDA_ARCH__ == 1000) ||        \
+     (defined(__CUDA_ARCH_FEAT_SM120_ALL) && __CUDA_ARCH__ == 1200))
+#define KVKIT_HW_FP4 1
+#else
+#define KVKIT_HW_FP4 0
+#endif
+#endif

@@ -1,0 +1,138 @@
+// fp16.cuh: float32 <-> IEEE binary16 / bfloat16 bits, the rules of kvkit/formats/codecs.py.
+//
+//   kv_f16_bits(x)      plain cast (NumPy astype(float16)): RNE, overflow -> +-inf; NaN keeps
+//                       its sign and the top 10 payload bits (NumPy's rule: payload >> 13,
+//                       made nonzero), so the bytes equal the CPU backend's for every input.
+//   kv_f16_bits_sat(x)  codecs.f16_bits(x, saturate=True): |x| clamped to 65504 first;
+//                       every NaN -> 0x7E00 (F16_NAN_BITS).
+//   kv_f16_to_float(h)  exact widening; NaN keeps sign and payload (payload << 13), as NumPy.
+//   kv_bf16_bits(x)     codecs.bf16_bits_array: RNE on the float32 pattern, NaN -> quiet NaN
+//                       of the same sign ((u >> 16) | 0x40).
+//   kv_bf16_to_float(b) exact (b << 16).
+//   kv_input_to_float<DT>(p, i)  element i of a write input of dtype code DT
+//                       (0 float32, 1 float16 bits, 2 bfloat16 bits), exactly widened.
+//
+// Hardware path (KVKIT_HW_F16): cvt.rn.f16.f32 / cvt.f32.f16 as inline PTX (immune to -ftz);
+// NaN is patched around them, since the hardware writes a canonical NaN (0x7FFF / 0x7FFFFFFF)
+// where the spec keeps the payload. The integer twins give the same bits for every input.
+#pragma once
+#include "common/arch.cuh"
+
+// m >> s rounded to nearest, ties to even (0 <= s <= 31; s == 0 returns m).
+__device__ __forceinline__ unsigned int kv_rshift_rne(unsigned int m, int s) {
+    if (s <= 0) return m;
+    if (s >= 32) return 0u;
+    unsigned int q = m >> s;
+    unsigned int rem = m & ((1u << s) - 1u);
+    unsigned int half = 1u << (s - 1);
+    return q + ((rem > half || (rem == half && (q & 1u))) ? 1u : 0u);
+}
+
+// Float32 bits a (sign cleared, finite) with the low s mantissa bits rounded off, RNE.
+// A carry into the exponent field is the correct rounded result.
+__device__ __forceinline__ unsigned int kv_round_off_bits(unsigned int a, int s) {
+    return (a + ((1u << (s - 1)) - 1u) + ((a >> s) & 1u)) >> s;
+}
+
+// rint(|x| * 2^k) for a float32 magnitude pattern a with |x| * 2^k < 2^24 (subnormal ranges
+// of the narrow types). Integer only, so denormal inputs and -ftz never matter.
+__device__ __forceinline__ unsigned int kv_scaled_rint(unsigned int a, int k) {
+    int e = (int)(a >> 23);
+    unsigned int m = a & 0x7FFFFFu;
+    if (e == 0) {
+        e = 1;  // float32 denormal: no implicit bit, exponent of the smallest normal
+    } else {
+        m |= 0x800000u;
+    }
+    // |x| = m * 2^(e - 150); |x| * 2^k = m * 2^(e - 150 + k)
+    int s = 150 - k - e;
+    return kv_rshift_rne(m, s);
+}
+
+__device__ __forceinline__ unsigned int kv_f16_bits_sw(float x, bool saturate) {
+    unsigned int u = __float_as_uint(x);
+    unsigned int sign = (u >> 16) & 0x8000u;
+    unsigned int a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) {  // NaN
+        if (saturate) return 0x7E00u;
+        unsigned int h = 0x7C00u | ((a & 0x7FFFFFu) >> 13);
+        if (h == 0x7C00u) h = 0x7C01u;
+        return sign | h;
+    }
+    if (saturate && a > 0x477FE000u) a = 0x477FE000u;  // 65504
+    if (a >= 0x477FF000u) return sign | 0x7C00u;        // >= 65520 rounds to inf
+    if (a >= 0x38800000u) {                             // normal: >= 2^-14
+        return sign | (kv_round_off_bits(a, 13) - (112u << 10));
+    }
+    return sign | kv_scaled_rint(a, 24);  // subnormal multiples of 2^-24 (1024 = min normal)
+}
+
+__device__ __forceinline__ unsigned int kv_f16_bits_hw(float x, bool saturate) {
+    unsigned int u = __float_as_uint(x);
+    unsigned int a = u & 0x7FFFFFFFu;
+    if (a > 0x7F800000u) return kv_f16_bits_sw(x, saturate);  // NaN: spec payload rule
+    if (saturate && a > 0x477FE000u) x = __uint_as_float((u & 0x80000000u) | 0x477FE000u);
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return (unsigned int)h;
+}
+
+__device__ __forceinline__ unsigned int kv_f16_bits(float x) {
+#if KVKIT_HW_F16
+    return kv_f16_bits_hw(x, false);
+#else
+    return kv_f16_bits_sw(x, false);
+#endif
+}
+
+__device__ __forceinline__ unsigned int kv_f16_bits_sat(float x) {
+#if KVKIT_HW_F16
+    return kv_f16_bits_hw(x, true);
+#else
+    return kv_f16_bits_sw(x, true);
+#endif
+}
+
+__device__ __forceinline__ float kv_f16_to_float_sw(unsigned int h) {
+    unsigned int sign = (h & 0x8000u) << 16;
+    unsigned int e = (h >> 10) & 0x1Fu;
+    unsigned int m = h & 0x3FFu;
+    if (e == 0x1Fu) return __uint_as_float(sign | 0x7F800000u | (m << 13));  // inf / NaN
+    if (e != 0) return __uint_as_float(sign | ((e + 112u) << 23) | (m << 13));
+    if (m == 0) return __uint_as_float(sign);
+    // subnormal m * 2^-24: normalize (m < 1024, so the leading bit is at 31 - clz)
+    int lead = 31 - __clz((int)m);            // 0..9
+    unsigned int mant = (m << (23 - lead)) & 0x7FFFFFu;
+    unsigned int exp = (unsigned int)(lead - 24 + 127);
+    return __uint_as_float(sign | (exp << 23) | mant);
+}
+
+__device__ __forceinline__ float kv_f16_to_float(unsigned int h) {
+#if KVKIT_HW_F16
+    if ((h & 0x7C00u) == 0x7C00u && (h & 0x3FFu) != 0u) return kv_f16_to_float_sw(h);  // NaN
+    float f;
+    unsigned short hs = (unsigned short)h;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(hs));
+    return f;
+#else
+    return kv_f16_to_float_sw(h);
+#endif
+}
+
+__device__ __forceinline__ unsigned int kv_bf16_bits(float x) {
+    unsigned int u = __float_as_uint(x);
+    if ((u & 0x7FFFFFFFu) > 0x7F800000u) return ((u >> 16) | 0x40u) & 0xFFFFu;
+    return (u + 0x7FFFu + ((u >> 16) & 1u)) >> 16;
+}
+
+__device__ __forceinline__ float kv_bf16_to_float(unsigned int b) {
+    return __uint_as_float((b & 0xFFFFu) << 16);
+}
+
+// Element i of a write input: DT 0 float32, 1 float16 bits, 2 bfloat16 bits (uint16).
+template <int DT>
+__device__ __forceinline__ float kv_input_to_float(const void* p, long long i) {
+    if (DT == 0) return static_cast<const float*>(p)[i];
+    unsigned int bits = static_cast<const unsigned short*>(p)[i];
+    return DT == 1 ? kv_f16_to_float(bits) : kv_bf16_to_float(bits);
+}
