@@ -1,0 +1,34 @@
+// paged.cuh: page / split ranges of a paged sequence, mirroring kvkit/splits.py exactly.
+//
+// n_pages = ceil(seq_len / block_size); pages_per_split = ceil(n_pages / num_splits);
+// split s covers pages [s * pps, min((s + 1) * pps, n_pages)), empty when first >= end.
+// Index contents are never trusted (cuda_src/README.md): a seq_len outside
+// [q_len, max_blocks * block_size] or a block-table entry outside [0, num_blocks) is
+// reported through error_flag (bits 4 and 2) and treated as empty / skipped.
+#pragma once
+
+#define KV_ERR_SLOT 1
+#define KV_ERR_BLOCK_TABLE 2
+#define KV_ERR_SEQ_LEN 4
+
+// kvkit.splits.page_range. seq_len >= 0, block_size >= 1, num_splits >= 1.
+__device__ __forceinline__ void kv_page_range(int seq_len, int block_size, int num_splits,
+                                              int split, int* first, int* end) {
+    const int n_pages = (int)(((long long)seq_len + block_size - 1) / block_size);
+    const int pps = (n_pages + num_splits - 1) / num_splits;
+    const long long f = (long long)split * pps;
+    const long long e = f + pps < n_pages ? f + pps : n_pages;
+    *first = f < n_pages ? (int)f : n_pages;
+    *end = (int)e;
+}
+
+// A sequence length the block table can hold and that covers the q_len query tokens.
+__device__ __forceinline__ bool kv_seq_len_ok(int seq_len, int q_len, int max_blocks,
+                                              int block_size) {
+    return seq_len >= q_len && (long long)seq_len <= (long long)max_blocks * block_size;
+}
+
+// A block-table entry that names a page of the cache.
+__device__ __forceinline__ bool kv_page_ok(int page, int num_blocks) {
+    return page >= 0 && page < num_blocks;
+}

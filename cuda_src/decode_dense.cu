@@ -1,0 +1,90 @@
+// decode_dense.cu: split-K decode stage 1 for the unquantized formats fp16 / bf16 and the
+// per-layer-scaled fp8_e4m3 format (kvkit/formats/dense.py).
+//
+// Planes "k", "v": (num_blocks, Hkv, block_size, D) of fp16 / bf16 bits (2 bytes) or E4M3
+// bytes. fp8: K's k_scale is folded into the softmax scale and V's v_scale into v_out_scale
+// by the launcher, so the tiles hold e4m3(byte) only.
+//
+// Defines: fmt.cuda_defines() (KV_HEAD_DIM, KV_PLANE_K_WIDTH, KV_FORMAT_DENSE + KV_DENSE_BF16
+// or KV_FORMAT_FP8), KV_IN_DTYPE (query dtype), KV_GROUP, KV_Q_LEN.
+
+#if defined(KV_FORMAT_FP8)
+#define KV_DENSE_ELEM 1
+#elif defined(KV_FORMAT_DENSE)
+#define KV_DENSE_ELEM 2
+#else
+#error "decode_dense.cu needs KV_FORMAT_DENSE or KV_FORMAT_FP8 (fmt.cuda_defines())"
+#endif
+
+#define KV_NPLANES 2
+#define KV_P0_BYTES (KV_PLANE_K_WIDTH * KV_DENSE_ELEM)
+#define KV_P0_ELEM KV_DENSE_ELEM
+#define KV_P1_BYTES (KV_PLANE_V_WIDTH * KV_DENSE_ELEM)
+#define KV_P1_ELEM KV_DENSE_ELEM
+#define KV_HAS_KMUL 0
+#define KV_ROTATE_Q 0
+#define KV_FAMILY_TABLE_FLOATS 0
+
+#include "common/decode_codes.cuh"
+
+#if KV_DENSE_ELEM == 1
+__device__ __forceinline__ float4 kv_dense_row4(const unsigned char* row, int d) {
+    const unsigned w = *reinterpret_cast<const unsigned*>(row + d);
+    return make_float4(kv_dc_e4m3(w & 0xFFu), kv_dc_e4m3((w >> 8) & 0xFFu),
+                       kv_dc_e4m3((w >> 16) & 0xFFu), kv_dc_e4m3(w >> 24));
+}
+#else
+__device__ __forceinline__ float kv_dense_elem(unsigned bits) {
+#if KV_DENSE_BF16
+    return kv_dc_bf16((unsigned short)bits);
+#else
+    return kv_dc_f16((unsigned short)bits);
+#endif
+}
+__device__ __forceinline__ float4 kv_dense_row4(const unsigned char* row, int d) {
+    const uint2 w = *reinterpret_cast<const uint2*>(row + 2 * d);
+    return make_float4(kv_dense_elem(w.x & 0xFFFFu), kv_dense_elem(w.x >> 16),
+                       kv_dense_elem(w.y & 0xFFFFu), kv_dense_elem(w.y >> 16));
+}
+#endif
+
+__device__ __forceinline__ void kv_family_dequant4(const unsigned char* const* rows, int d,
+                                                   const float* table, float4& k, float4& v) {
+    (void)table;
+    k = kv_dense_row4(rows[0], d);
+    v = kv_dense_row4(rows[1], d);
+}
+
+#include "common/decode_core.cuh"
+
+// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_smem_bytes.
+extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_dense_stage1(
+    const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
+    const unsigned char* __restrict__ p0,  // K plane (num_blocks, Hkv, block_size, D)
+    long long p0_sb, long long p0_sh, long long p0_st,  // its strides in elements
+    int p0_vec,  // widest aligned load in bytes (16, 8, 4, 2, 1)
+    const unsigned char* __restrict__ p1,  // V plane, same shape
+    long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,
+    const unsigned char* __restrict__ p2,  // unused (null)
+    long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,
+    const unsigned char* __restrict__ p3,  // unused (null)
+    long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,
+    const int* __restrict__ block_tables,  // (B, max_blocks)
+    int max_blocks,
+    const int* __restrict__ seq_lens,  // (B,)
+    int num_blocks, int block_size,
+    int window,           // <= 0: no window
+    float scale,          // softmax scale (times k_scale for fp8)
+    float softcap,        // <= 0: no soft-cap
+    float v_out_scale,    // 1, or v_scale for fp8
+    int split_stride,     // MAX_SPLITS
+    float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
+    float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
+    float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
+    int* __restrict__ error_flag)  // (1,)
+{
+    kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
+                   p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
+                   max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
+                   v_out_scale, split_stride, m_part, l_part, acc_part, error_flag);
+}

@@ -1,0 +1,145 @@
+// decode_merge.cu: split-K decode stage 2, and the public merge_states on the GPU.
+//
+// kv_decode_merge_splits merges the partial states (m, l, acc) that stage 1 wrote for each
+// split (and an optional per-head sink logit) into o and lse, exactly the rule of
+// kvkit.cpu.decode.merge_splits:
+//   M = max(max_s m_s, sink_h);  w_s = exp(m_s - M) (0 for an empty split, m_s = -inf);
+//   L = sum_s l_s w_s + exp(sink_h - M);  o = (sum_s w_s acc_s) / L;  lse = M + log(L).
+//   A row with nothing visible and no sink: o = 0, lse = -inf (no 0/0, no NaN).
+// kv_merge_states combines S normalized partial results (o_s, lse_s) of disjoint key sets,
+// the rule of kvkit.cpu.merge.merge_states:
+//   M = max_s lse_s; w_s = exp(lse_s - M); parts with w_s = 0 are ignored (even a NaN o_s);
+//   o = (sum_s w_s o_s) / sum_s w_s; lse = M + log(sum_s w_s); all parts empty: o = 0,
+//   lse = -inf.
+// One warp per row; head_dim is a run-time argument (no format defines needed), handled in
+// chunks of KVM_COLS columns held in registers.
+#include "common/softmax_state.cuh"
+
+// 4 warps per block: rows are independent, a small block keeps the tail of the grid short.
+#define KVM_WARPS 4
+// Columns per lane per pass: 8 x 32 lanes = 256 columns, every head_dim up to 256 in one
+// pass over the splits (512 in two).
+#define KVM_VEC 8
+#define KVM_COLS (KVM_VEC * KV_WARP)
+
+// Grid (ceil(rows / KVM_WARPS)), block KVM_WARPS * 32, no shared memory.
+extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_decode_merge_splits(
+    const float* __restrict__ m_part,    // (rows, split_stride): running max logit per split
+    const float* __restrict__ l_part,    // (rows, split_stride): sum of exp(logit - m)
+    const float* __restrict__ acc_part,  // (rows, split_stride, head_dim): sum exp(..) * v
+    const float* __restrict__ sinks,     // (num_heads,) sink logits, or null
+    long long rows,                      // B * q_len * num_heads; row % num_heads = head
+    int num_heads, int head_dim,
+    int num_splits,                      // splits stage 1 used, <= split_stride
+    int split_stride,                    // MAX_SPLITS
+    float* __restrict__ o,               // (rows, head_dim)
+    float* __restrict__ lse)             // (rows,) natural log
+{
+    const int lane = threadIdx.x & (KV_WARP - 1);
+    const long long row = (long long)blockIdx.x * KVM_WARPS + threadIdx.x / KV_WARP;
+    if (row >= rows) return;  // whole warps leave; no block-level barrier below
+    const float* m_row = m_part + row * split_stride;
+    const float* l_row = l_part + row * split_stride;
+    const float* acc_row = acc_part + row * split_stride * head_dim;
+    float* o_row = o + row * head_dim;
+
+    float big_m = kv_neg_inf();
+    for (int s = lane; s < num_splits; s += KV_WARP) big_m = fmaxf(big_m, m_row[s]);
+    big_m = kv_warp_max(big_m);
+    const float sink = sinks != nullptr ? sinks[row % num_heads] : kv_neg_inf();
+    big_m = fmaxf(big_m, sink);
+    if (big_m == kv_neg_inf()) {
+        for (int d = lane; d < head_dim; d += KV_WARP) o_row[d] = 0.f;
+        if (lane == 0) lse[row] = kv_neg_inf();
+        return;
+    }
+    float total = 0.f;
+    for (int s = lane; s < num_splits; s += KV_WARP)
+        total += l_row[s] * kv_merge_weight(m_row[s], big_m);
+    total = kv_warp_sum(total);
+    total += kv_merge_weight(sink, big_m);
+
+    for (int d0 = 0; d0 < head_dim; d0 += KVM_COLS) {
+        float acc[KVM_VEC];
+#pragma unroll
+        for (int k = 0; k < KVM_VEC; ++k) acc[k] = 0.f;
+        for (int s0 = 0; s0 < num_splits; s0 += KV_WARP) {
+            const int s_mine = s0 + lane;
+            const float w_mine =
+                s_mine < num_splits ? kv_merge_weight(m_row[s_mine], big_m) : 0.f;
+            const int n = min(KV_WARP, num_splits - s0);
+            for (int k = 0; k < n; ++k) {
+                const float w = __shfl_sync(KV_FULL_MASK, w_mine, k);  // uniform loop
+                if (w == 0.f) continue;  // empty split: its acc is never read
+                const float* a = acc_row + (long long)(s0 + k) * head_dim;
+#pragma unroll
+                for (int v = 0; v < KVM_VEC; ++v) {
+                    const int d = d0 + v * KV_WARP + lane;
+                    if (d < head_dim) acc[v] = fmaf(a[d], w, acc[v]);
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < KVM_VEC; ++v) {
+            const int d = d0 + v * KV_WARP + lane;
+            if (d < head_dim) o_row[d] = acc[v] / total;
+        }
+    }
+    if (lane == 0) lse[row] = big_m + logf(total);
+}
+
+// Grid (ceil(rows / KVM_WARPS)), block KVM_WARPS * 32, no shared memory.
+extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_merge_states(
+    const float* __restrict__ o_parts,    // (num_parts, rows, head_dim), C-contiguous
+    const float* __restrict__ lse_parts,  // (num_parts, rows)
+    long long rows, int head_dim, int num_parts,
+    float* __restrict__ o,                // (rows, head_dim)
+    float* __restrict__ lse)              // (rows,)
+{
+    const int lane = threadIdx.x & (KV_WARP - 1);
+    const long long row = (long long)blockIdx.x * KVM_WARPS + threadIdx.x / KV_WARP;
+    if (row >= rows) return;
+    float* o_row = o + row * head_dim;
+
+    float big_m = kv_neg_inf();
+    for (int s = lane; s < num_parts; s += KV_WARP) big_m = fmaxf(big_m, lse_parts[s * rows + row]);
+    big_m = kv_warp_max(big_m);
+    if (big_m == kv_neg_inf()) {
+        for (int d = lane; d < head_dim; d += KV_WARP) o_row[d] = 0.f;
+        if (lane == 0) lse[row] = kv_neg_inf();
+        return;
+    }
+    float total = 0.f;
+    for (int s = lane; s < num_parts; s += KV_WARP)
+        total += kv_merge_weight(lse_parts[s * rows + row], big_m);
+    total = kv_warp_sum(total);
+
+    for (int d0 = 0; d0 < head_dim; d0 += KVM_COLS) {
+        float acc[KVM_VEC];
+#pragma unroll
+        for (int k = 0; k < KVM_VEC; ++k) acc[k] = 0.f;
+        for (int s0 = 0; s0 < num_parts; s0 += KV_WARP) {
+            const int s_mine = s0 + lane;
+            const float w_mine =
+                s_mine < num_parts ? kv_merge_weight(lse_parts[s_mine * rows + row], big_m)
+                                   : 0.f;
+            const int n = min(KV_WARP, num_parts - s0);
+            for (int k = 0; k < n; ++k) {
+                const float w = __shfl_sync(KV_FULL_MASK, w_mine, k);  // uniform loop
+                if (!(w > 0.f)) continue;  // weight 0: the part's o is ignored, even NaN
+                const float* a = o_parts + ((long long)(s0 + k) * rows + row) * head_dim;
+#pragma unroll
+                for (int v = 0; v < KVM_VEC; ++v) {
+                    const int d = d0 + v * KV_WARP + lane;
+                    if (d < head_dim) acc[v] = fmaf(a[d], w, acc[v]);
+                }
+            }
+        }
+#pragma unroll
+        for (int v = 0; v < KVM_VEC; ++v) {
+            const int d = d0 + v * KV_WARP + lane;
+            if (d < head_dim) o_row[d] = acc[v] / total;
+        }
+    }
+    if (lane == 0) lse[row] = big_m + logf(total);
+}

@@ -1,0 +1,112 @@
+// decode_turboquant.cu: split-K decode stage 1 for TurboQuant caches
+// (kvkit/formats/turboquant.py).
+//
+// One plane "slots" (num_blocks, Hkv, block_size, TQ_SLOT_BYTES) uint8: [K | V | pad].
+// MSE keys (TQ_KEY_FP8 == 0): the query is rotated once per CTA, q_rot = H (s * q) (the
+// FWHT in shared memory; the 1 / sqrt(D) of R = H diag(s) / sqrt(D) is folded into the
+// softmax scale by the launcher), and the K tile holds the centroids c[idx] in rotated
+// space, so score = scale / sqrt(D) * norm * <H (s * q), c[idx]> = scale * <q, k> with
+// k = s * (FWHT(c[idx]) * norm / sqrt(D)), the spec's dequantized key.
+// FP8 keys (k8v4): the K tile holds e4m3(byte); k_scale is folded into the softmax scale.
+// Values are never rotated: v = float(code) * scale16 + zero16 (multiply, then add: the
+// dequantizer's rounding).
+//
+// Defines: fmt.cuda_defines() (KV_HEAD_DIM, TQ_*), KV_IN_DTYPE, KV_GROUP, KV_Q_LEN.
+
+#ifndef KV_FORMAT_TURBOQUANT
+#error "decode_turboquant.cu needs fmt.cuda_defines() of a TurboQuant format"
+#endif
+
+#define KV_NPLANES 1
+#define KV_P0_BYTES TQ_SLOT_BYTES
+#define KV_P0_ELEM 1
+
+#include "common/decode_codes.cuh"
+
+#if TQ_KEY_FP8
+#define KV_HAS_KMUL 0
+#define KV_ROTATE_Q 0
+#define KV_FAMILY_TABLE_FLOATS 0
+
+__device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d, const float*) {
+    // FP8 keys occupy bytes [0, D) of the slot; d % 4 == 0 and staging rows are 16-byte
+    // aligned, so one 4-byte load.
+    const unsigned w = *reinterpret_cast<const unsigned*>(row + d);
+    return make_float4(kv_dc_e4m3(w & 0xFFu), kv_dc_e4m3((w >> 8) & 0xFFu),
+                       kv_dc_e4m3((w >> 16) & 0xFFu), kv_dc_e4m3(w >> 24));
+}
+#else
+#define KV_HAS_KMUL 1
+#define KV_ROTATE_Q 1
+#define KV_FAMILY_TABLE_FLOATS (1 << TQ_KEY_BITS)
+
+__constant__ float kv_tq_centroids[1 << TQ_KEY_BITS] = TQ_CENTROIDS;
+__constant__ float kv_tq_signs[KV_HEAD_DIM] = TQ_SIGNS;
+
+__device__ __forceinline__ float kv_family_q_sign(int d) { return kv_tq_signs[d]; }
+
+// The codebook goes to shared memory: per-lane indices into __constant__ would serialize.
+__device__ __forceinline__ void kv_family_init_table(float* table, int tid) {
+    if (tid < (1 << TQ_KEY_BITS)) table[tid] = kv_tq_centroids[tid];
+}
+
+__device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d,
+                                             const float* table) {
+    return make_float4(table[kv_dc_get_code<TQ_KEY_BITS>(row, d)],
+                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 1)],
+                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 2)],
+                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 3)]);
+}
+
+// The stored key norm (already divided by ||c[idx]|| at write time).
+__device__ __forceinline__ float kv_family_kmul(const unsigned char* const* rows) {
+    return kv_dc_f16_at(rows[0] + TQ_KEY_NORM_OFFSET);
+}
+#endif
+
+__device__ __forceinline__ void kv_family_dequant4(const unsigned char* const* rows, int d,
+                                                   const float* table, float4& k, float4& v) {
+    const unsigned char* row = rows[0];
+    k = kv_tq_key4(row, d, table);
+    const unsigned char* vd = row + TQ_VALUE_OFFSET;
+    const float sc = kv_dc_f16_at(row + TQ_VALUE_SCALE_OFFSET);
+    const float z = kv_dc_f16_at(row + TQ_VALUE_ZERO_OFFSET);
+    v.x = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d), sc), z);
+    v.y = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 1), sc), z);
+    v.z = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 2), sc), z);
+    v.w = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 3), sc), z);
+}
+
+#include "common/decode_core.cuh"
+
+// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_smem_bytes.
+extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_turboquant_stage1(
+    const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
+    const unsigned char* __restrict__ p0,  // slots (num_blocks, Hkv, block_size, TQ_SLOT_BYTES)
+    long long p0_sb, long long p0_sh, long long p0_st,  // its strides in elements (bytes)
+    int p0_vec,  // widest aligned load in bytes (16, 8, 4, 2, 1)
+    const unsigned char* __restrict__ p1,  // unused (null)
+    long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,
+    const unsigned char* __restrict__ p2,  // unused (null)
+    long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,
+    const unsigned char* __restrict__ p3,  // unused (null)
+    long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,
+    const int* __restrict__ block_tables,  // (B, max_blocks)
+    int max_blocks,
+    const int* __restrict__ seq_lens,  // (B,)
+    int num_blocks, int block_size,
+    int window,           // <= 0: no window
+    float scale,          // MSE keys: scale / sqrt(D); FP8 keys: scale * k_scale
+    float softcap,        // <= 0: no soft-cap
+    float v_out_scale,    // 1 (TurboQuant values carry their own scale)
+    int split_stride,     // MAX_SPLITS
+    float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
+    float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
+    float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
+    int* __restrict__ error_flag)  // (1,)
+{
+    kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
+                   p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
+                   max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
+                   v_out_scale, split_stride, m_part, l_part, acc_part, error_flag);
+}
