@@ -1,0 +1,397 @@
+"""CUDA split-K paged decode and merge_states: launch wrappers (DESIGN.md section 5).
+
+``decode(q, q_dtype, layer, block_tables, seq_lens, ...)`` runs two kernels on the current
+CuPy stream and never synchronizes (no device array is read on the host):
+
+=====================  ===========================================  ===========================
+stage                  kernel (entry)                               launch
+=====================  ===========================================  ===========================
+1, fp16/bf16/fp8_e4m3  ``kv_decode_dense_stage1`` (decode_dense.cu) grid (num_splits, Hkv, B),
+1, nvfp4*              ``kv_decode_nvfp4_stage1`` (decode_nvfp4.cu) 256 threads, dynamic shared
+1, turboquant_*        ``kv_decode_turboquant_stage1``              ``kv_decode_smem_bytes``
+                       (decode_turboquant.cu)                       of the module
+2                      ``kv_decode_merge_splits`` (decode_merge.cu) 1 warp per (b, i, h) row,
+                                                                    4 warps per CTA
+=====================  ===========================================  ===========================
+
+Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
+heads and all q_len queries of that KV head, so every cache byte is read once per step, and
+dequantizes each tile of 32 tokens once into shared memory. Splits follow
+``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
+grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
+scale (K) and into the partial accumulators (V), see ``stage1_scales``.
+
+Stage-1 defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (query: 0 float32, 1 float16,
+2 bfloat16 bits) + ``KV_GROUP`` (G) + ``KV_Q_LEN``. Every (format, q dtype, G, q_len) is its
+own module, compiled once and cached by ``kvkit.cuda.compiler``.
+
+Limits (ValueError): G * q_len rows must fit the register accumulators
+(``check_row_limits``: ceil(R / 8) <= 16 and ceil(R / (256 // (D / 4))) <= 16, i.e. R <= 128
+at D <= 128, R <= 64 at D = 256, R <= 32 at D = 512), the module's shared memory must fit
+the device (``MaxSharedMemoryPerBlockOptin``), B <= 65535 and Hkv <= 65535 (grid limits).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import os
+
+import numpy as np
+
+from ..splits import MAX_SPLITS, choose_num_splits
+from .compiler import get_module
+
+__all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
+
+#: Threads of a stage-1 CTA (kvd::THREADS in cuda_src/common/decode_core.cuh).
+STAGE1_THREADS = 256
+#: Warps of a stage-1 CTA; score rows are dealt to them round-robin.
+STAGE1_WARPS = STAGE1_THREADS // 32
+#: Most score rows per warp and PV rows per thread (the kernel's static_assert).
+MAX_ROWS_PER_LANE = 16
+#: Rows (warps) per CTA of the merge kernels (KVM_WARPS in decode_merge.cu).
+MERGE_WARPS = 4
+#: Largest grid.y / grid.z.
+_MAX_GRID_YZ = 65535
+
+#: query dtype name -> (KV_IN_DTYPE, dtype of the array that holds it)
+_Q_DTYPES = {"float32": ("0", "float32"), "float16": ("1", "float16"), "bfloat16": ("2", "uint16")}
+
+#: format family -> (entry, stage-1 kernel, planes in kernel order)
+_STAGE1 = {
+    "dense": ("decode_dense.cu", "kv_decode_dense_stage1", ("k", "v")),
+    "fp8": ("decode_dense.cu", "kv_decode_dense_stage1", ("k", "v")),
+    "nvfp4": (
+        "decode_nvfp4.cu",
+        "kv_decode_nvfp4_stage1",
+        ("k_data", "k_scale", "v_data", "v_scale"),
+    ),
+    "turboquant": ("decode_turboquant.cu", "kv_decode_turboquant_stage1", ("slots",)),
+}
+_MERGE_ENTRY = "decode_merge.cu"
+
+
+def check_row_limits(group: int, q_len: int, head_dim: int) -> None:
+    """Raise ValueError when G * q_len query rows do not fit one stage-1 CTA at head_dim."""
+    rows = group * q_len
+    d4 = head_dim // 4
+    row_groups = STAGE1_THREADS // d4
+    per_warp = -(-rows // STAGE1_WARPS)
+    per_thread = -(-rows // row_groups)
+    if per_warp > MAX_ROWS_PER_LANE or per_thread > MAX_ROWS_PER_LANE:
+        limit = min(MAX_ROWS_PER_LANE * STAGE1_WARPS, MAX_ROWS_PER_LANE * row_groups)
+        raise ValueError(
+            f"CUDA decode serves at most {limit} query rows (G * q_len) per KV head at "
+            f"head_dim={head_dim}; got G={group} x q_len={q_len} = {rows}. Split the queries "
+            "into several decode calls"
+        )
+
+
+def stage1_scales(layer, scale: float) -> tuple[np.float32, np.float32]:
+    """(softmax scale the kernel applies to its tile dots, factor applied to its acc).
+
+    fp16/bf16: (scale, 1). fp8_e4m3, nvfp4: (scale * k_scale, v_scale), the tiles hold the
+    codes' values without the per-layer global scales. TurboQuant FP8 keys: (scale * k_scale,
+    1). TurboQuant MSE keys: (scale / sqrt(D), 1), the 1 / sqrt(D) of the rotation.
+    """
+    fmt = layer.fmt
+    family = fmt.family
+    if family == "dense":
+        return np.float32(scale), np.float32(1.0)
+    if family in ("fp8", "nvfp4"):
+        return np.float32(scale * layer.k_scale), np.float32(layer.v_scale)
+    if family == "turboquant":
+        if fmt.key_kind == "fp8":
+            return np.float32(scale * layer.k_scale), np.float32(1.0)
+        return np.float32(scale / float(fmt.sqrt_d)), np.float32(1.0)
+    raise ValueError(f"no CUDA decode for format family {family!r}")
+
+
+def _plane_args(plane, name: str) -> list:
+    """[plane, stride_block, stride_head, stride_token (elements, int64), load width (int32)].
+
+    The load width is the largest of 16, 8, 4, 2, 1 bytes dividing the base address and
+    every stride in bytes, so every row of the plane starts at such a boundary.
+    """
+    if plane.ndim != 4:
+        raise ValueError(
+            f"plane {name!r} must be (num_blocks, H, block_size, width), got {plane.shape}"
+        )
+    item = plane.itemsize
+    strides = plane.strides
+    if strides[3] != item:
+        raise ValueError(f"plane {name!r}: the last axis must be contiguous, strides {strides}")
+    if any(s < 0 or s % item for s in strides[:3]):
+        raise ValueError(
+            f"plane {name!r}: strides {strides} must be non-negative multiples of {item}"
+        )
+    vec = 16
+    addr = int(plane.data.ptr)
+    while vec > 1 and any(x % vec for x in (addr, *strides[:3])):
+        vec //= 2
+    return [plane] + [np.int64(s // item) for s in strides[:3]] + [np.int32(vec)]
+
+
+_device_info: dict[int, tuple[int, int]] = {}
+
+
+def _device_limits() -> tuple[int, int]:
+    """(SM count, max dynamic shared memory per block) of the current device, cached."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    info = _device_info.get(dev)
+    if info is None:
+        rt = cupy.cuda.runtime
+        info = (
+            int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev)),
+            int(rt.deviceGetAttribute(rt.cudaDevAttrMaxSharedMemoryPerBlockOptin, dev)),
+        )
+        _device_info[dev] = info
+    return info
+
+
+_stage1_cache: dict[tuple, tuple[object, int]] = {}
+
+
+def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
+    """(kernel function, dynamic shared bytes) for one stage-1 module, set up once."""
+    import cupy
+
+    key = (
+        cupy.cuda.runtime.getDevice(),
+        os.environ.get("KVKIT_ARCH"),
+        entry,
+        tuple(sorted(defines.items())),
+    )
+    hit = _stage1_cache.get(key)
+    if hit is not None:
+        return hit
+    module = get_module(entry, defines)
+    func = module.get_function(name)
+    # The kernel's own layout size, from the module (one small copy, once per module).
+    smem = int(
+        cupy.ndarray((1,), cupy.int32, memptr=module.get_global("kv_decode_smem_bytes")).get()[0]
+    )
+    _, smem_max = _device_limits()
+    if smem > smem_max:
+        raise ValueError(
+            f"CUDA decode needs {smem} bytes of shared memory per CTA for this format, head_dim "
+            f"and G x q_len = {defines['KV_GROUP']} x {defines['KV_Q_LEN']}; this device allows "
+            f"{smem_max}. Use fewer query rows per call"
+        )
+    if smem > 48 * 1024:
+        drv = cupy.cuda.driver
+        drv.funcSetAttribute(func.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+    _stage1_cache[key] = (func, smem)
+    return func, smem
+
+
+def _merge_kernel(name: str):
+    return get_module(_MERGE_ENTRY, {}).get_function(name)
+
+
+def _check_int(name: str, value, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _check_positive_float(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    value = float(value)
+    if not (math.isfinite(value) and value > 0.0):
+        raise ValueError(f"{name} must be finite and > 0, got {value}")
+    return value
+
+
+def decode(
+    q,
+    q_dtype,
+    layer,
+    block_tables,
+    seq_lens,
+    *,
+    scale,
+    num_splits=None,
+    window=None,
+    sinks=None,
+    softcap=None,
+):
+    """Split-K paged decode over one CUDA cache layer; asynchronous on the current stream.
+
+    Query i of sequence b sits at position p = seq_lens[b] - q_len + i and attends to tokens
+    t <= p (and t > p - window); token t lives in page block_tables[b, t // block_size].
+    Same function as ``kvkit.cpu.decode.decode_pages`` over the dequantized layer.
+
+    Args:
+        q: CuPy (B, q_len, Hq, D), C-contiguous: float32, float16, or uint16 holding bfloat16
+            bits (q_dtype "bfloat16").
+        q_dtype: "float32", "float16" or "bfloat16" (None: from q.dtype).
+        layer: a CUDA ``CacheLayer`` (CuPy planes, ``error_flag`` int32 (1,)).
+        block_tables: CuPy int32 (B, max_blocks), C-contiguous.
+        seq_lens: CuPy int32 (B,).
+        scale: softmax scale, finite > 0.
+        num_splits: 1..MAX_SPLITS, or None: ``choose_num_splits`` over the SM count with
+            max_blocks * block_size as the length (seq_lens are not read on the host).
+        window: int >= 1 or None. softcap: float > 0 or None.
+        sinks: CuPy float32 (Hq,) per-head sink logits or None (-inf: no sink).
+
+    Returns:
+        (o, lse): CuPy float32 (B, q_len, Hq, D) and (B, q_len, Hq), natural log.
+
+    A block-table entry outside [0, num_blocks) in a used page is skipped and sets bit 2 of
+    ``layer.error_flag``; a seq_len outside [q_len, max_blocks * block_size] makes the
+    sequence empty (o = 0, lse = -inf, or the sink alone) and sets bit 4.
+    """
+    import cupy
+
+    fmt = layer.fmt
+    family = fmt.family
+    if family not in _STAGE1:
+        raise ValueError(f"no CUDA decode for format family {family!r}")
+    entry, kname, plane_names = _STAGE1[family]
+
+    if q_dtype is None:
+        q_dtype = q.dtype.name
+    if q_dtype not in _Q_DTYPES:
+        raise TypeError(f"q_dtype must be one of {sorted(_Q_DTYPES)}, got {q_dtype!r}")
+    in_define, holder = _Q_DTYPES[q_dtype]
+    if q.dtype.name != holder:
+        raise TypeError(f"q with q_dtype={q_dtype!r} must be a {holder} array, got {q.dtype.name}")
+    if q.ndim != 4:
+        raise ValueError(f"q must be (B, q_len, Hq, D), got shape {q.shape}")
+    if not q.flags.c_contiguous:
+        raise ValueError("q must be C-contiguous")
+    batch, q_len, num_heads, head_dim = q.shape
+    hkv = layer.num_kv_heads
+    if head_dim != fmt.head_dim:
+        raise ValueError(f"q head_dim {head_dim} does not match the layer's {fmt.head_dim}")
+    if q_len < 1 or num_heads < 1 or num_heads % hkv:
+        raise ValueError(f"q shape {q.shape} needs q_len >= 1 and Hq a multiple of Hkv={hkv}")
+    group = num_heads // hkv
+    if block_tables.dtype.name != "int32" or block_tables.ndim != 2:
+        raise TypeError("block_tables must be a 2-D int32 array")
+    if block_tables.shape[0] != batch:
+        raise ValueError(f"block_tables must be (B={batch}, max_blocks), got {block_tables.shape}")
+    if seq_lens.dtype.name != "int32" or seq_lens.shape != (batch,):
+        raise ValueError(
+            f"seq_lens must be int32 (B={batch},), got {seq_lens.dtype} {seq_lens.shape}"
+        )
+    block_tables = cupy.ascontiguousarray(block_tables)
+    seq_lens = cupy.ascontiguousarray(seq_lens)
+    scale = _check_positive_float("scale", scale)
+    window = 0 if window is None else _check_int("window", window, 1)
+    softcap = 0.0 if softcap is None else _check_positive_float("softcap", softcap)
+    if sinks is not None:
+        if tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks must be (Hq={num_heads},), got {sinks.shape}")
+        sinks = cupy.ascontiguousarray(sinks, dtype=cupy.float32)
+    check_row_limits(group, q_len, head_dim)
+    if batch > _MAX_GRID_YZ or hkv > _MAX_GRID_YZ:
+        raise ValueError(f"CUDA decode supports B and Hkv up to {_MAX_GRID_YZ}")
+
+    max_blocks = block_tables.shape[1]
+    bs = layer.block_size
+    if num_splits is None:
+        sms, _ = _device_limits()
+        num_splits = choose_num_splits(
+            max(batch, 1), hkv, max_blocks * bs, bs, num_workers=sms, max_splits=MAX_SPLITS
+        )
+    else:
+        num_splits = _check_int("num_splits", num_splits, 1)
+        if num_splits > MAX_SPLITS:
+            raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
+
+    o = cupy.empty((batch, q_len, num_heads, head_dim), dtype=cupy.float32)
+    lse = cupy.empty((batch, q_len, num_heads), dtype=cupy.float32)
+    if batch == 0:
+        return o, lse
+
+    defines = dict(fmt.cuda_defines())
+    defines.update(KV_IN_DTYPE=in_define, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
+    func, smem = _stage1_kernel(entry, kname, defines)
+
+    planes = []
+    for pname in plane_names:
+        planes += _plane_args(layer.planes[pname], pname)
+    # Unused plane slots: a valid pointer (never read, the entry's KV_Pi_BYTES is 0).
+    while len(planes) < 4 * 5:
+        planes += [layer.planes[plane_names[0]], np.int64(0), np.int64(0), np.int64(0), np.int32(1)]
+
+    rows = batch * q_len * num_heads
+    m_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
+    l_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
+    acc_part = cupy.empty((rows, MAX_SPLITS, head_dim), dtype=cupy.float32)
+    k_fold, v_fold = stage1_scales(layer, scale)
+    args = (
+        q, *planes,
+        block_tables, np.int32(max_blocks), seq_lens,
+        np.int32(layer.num_blocks), np.int32(bs), np.int32(window),
+        k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
+        m_part, l_part, acc_part, layer.error_flag,
+    )  # fmt: skip
+    func((num_splits, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
+
+    merge = _merge_kernel("kv_decode_merge_splits")
+    merge(
+        (-(-rows // MERGE_WARPS),), (MERGE_WARPS * 32,),
+        (
+            m_part, l_part, acc_part,
+            np.uint64(0) if sinks is None else sinks,
+            np.int64(rows), np.int32(num_heads), np.int32(head_dim),
+            np.int32(num_splits), np.int32(MAX_SPLITS), o, lse,
+        ),
+    )  # fmt: skip
+    return o, lse
+
+
+def merge_states(o, lse):
+    """GPU twin of ``kvkit.cpu.merge.merge_states``: combine S partial attention results.
+
+    Args:
+        o: CuPy (S, *batch, D) floating, each part normalized over its own keys.
+        lse: CuPy (S, *batch) floating, natural-log sum-exp of each part (-inf: empty).
+
+    Returns:
+        (o (*batch, D), lse (*batch)) CuPy float32; rows whose parts are all empty give
+        o = 0, lse = -inf. Asynchronous on the current stream.
+
+    Raises:
+        TypeError for non-floating inputs; ValueError for mismatched shapes or S = 0.
+    """
+    import cupy
+
+    for name, arr in (("o", o), ("lse", lse)):
+        if not isinstance(arr, cupy.ndarray):
+            raise TypeError(f"{name} must be a CuPy array, got {type(arr).__name__}")
+        if arr.dtype.kind != "f":
+            raise TypeError(f"{name} must be a floating array, got {arr.dtype}")
+    if o.ndim < 2:
+        raise ValueError(f"o must be (S, *batch, D), got shape {o.shape}")
+    if lse.shape != o.shape[:-1]:
+        raise ValueError(f"lse must be o.shape[:-1] = {o.shape[:-1]}, got {lse.shape}")
+    parts = o.shape[0]
+    if parts == 0:
+        raise ValueError("merge_states needs at least one part (S >= 1)")
+    batch_shape = o.shape[1:-1]
+    head_dim = o.shape[-1]
+    rows = math.prod(batch_shape)
+    o32 = cupy.ascontiguousarray(o, dtype=cupy.float32)
+    lse32 = cupy.ascontiguousarray(lse, dtype=cupy.float32)
+    out = cupy.empty(batch_shape + (head_dim,), dtype=cupy.float32)
+    out_lse = cupy.empty(batch_shape, dtype=cupy.float32)
+    if rows == 0:
+        return out, out_lse
+    if parts > np.iinfo(np.int32).max:
+        raise ValueError(f"too many parts: {parts}")
+    kern = _merge_kernel("kv_merge_states")
+    kern(
+        (-(-rows // MERGE_WARPS),), (MERGE_WARPS * 32,),
+        (o32, lse32, np.int64(rows), np.int32(head_dim), np.int32(parts), out, out_lse),
+    )  # fmt: skip
+    return out, out_lse
