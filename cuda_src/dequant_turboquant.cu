@@ -22,6 +22,8 @@
 #error "dequant_turboquant.cu needs the defines of a TurboQuant format (fmt.cuda_defines())"
 #endif
 
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for sm_120a aims at a
+// register count that spills 8 bytes at D = 256; with it, no target spills.
 // Warps per CTA: 4, so a few rows still spread over many SMs.
 #define TQ_WARPS 4
 #define TQ_E ((KV_HEAD_DIM + 31) / 32)
@@ -80,7 +82,7 @@ __device__ __forceinline__ float kv_tq_f16_at(const unsigned char* p) {
     return kv_f16_to_float(h);
 }
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_dequant_turboquant(
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_dequant_turboquant(
     const KV_SLOT_T* __restrict__ slots,       // (N,) slot ids; negative = padding
     long long n_rows,                          // N
     int n_heads,                               // H
@@ -95,6 +97,13 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_dequant_turboq
     float* __restrict__ out_v,                 // (N, H, D) float32, C-contiguous
     int* __restrict__ error_flag)              // (1,) bit 1: a slot >= capacity
 {
+#if !TQ_KEY_FP8
+    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
+    // constant-memory lookup would serialize and a register select chain costs registers.
+    __shared__ float s_cent[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+    __syncthreads();
+#endif
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * TQ_WARPS + warp;  // r * H + head
@@ -131,11 +140,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_dequant_turboq
         float x[TQ_E];
 #pragma unroll
         for (int j = 0; j < TQ_E; ++j) {
-            unsigned int idx = kv_get_code<TQ_KEY_BITS>(s, i0 + j);
-            float c = kTqCentroids[0];
-#pragma unroll
-            for (int m = 1; m < TQ_NUM_CENTROIDS; ++m) c = idx == (unsigned int)m ? kTqCentroids[m] : c;
-            x[j] = c;
+            x[j] = s_cent[kv_get_code<TQ_KEY_BITS>(s, i0 + j)];
         }
         kv_warp_fwht<TQ_E>(x);
         const float f = kv_cpu_div(kv_tq_f16_at(s + TQ_KEY_NORM_OFFSET), TQ_SQRT_D);

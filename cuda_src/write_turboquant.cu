@@ -29,6 +29,8 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for sm_120a aims at a
+// register count that spills 8 bytes at D = 256; with it, no target spills.
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs, and
 // shared memory at 4 * (D + slot bytes) <= 5.2 KB at D = 512.
 #define TQ_WARPS 4
@@ -74,7 +76,7 @@ __device__ __forceinline__ float kv_warp_first_extreme(float mine, int lane) {
     return mine;
 }
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_write_turboquant(
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
@@ -91,6 +93,13 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_write_turboqua
 {
     __shared__ unsigned char s_codes[TQ_WARPS][TQ_E * 32];
     __shared__ unsigned short s_slot16[TQ_WARPS][TQ_SLOT_BYTES / 2];
+#if !TQ_KEY_FP8
+    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
+    // constant-memory lookup would serialize and a register select chain costs registers.
+    __shared__ float s_cent[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+    __syncthreads();
+#endif
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * TQ_WARPS + warp;  // token * H + head
@@ -135,11 +144,8 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32) void kvkit_write_turboqua
             int idx = 0;
 #pragma unroll
             for (int m = 0; m < TQ_NUM_CENTROIDS - 1; ++m) idx += kTqMidpoints[m] <= y ? 1 : 0;
-            float c = kTqCentroids[0];
-#pragma unroll
-            for (int m = 1; m < TQ_NUM_CENTROIDS; ++m) c = idx == m ? kTqCentroids[m] : c;
             sc[i0 + j] = (unsigned char)idx;
-            x[j] = c;
+            x[j] = s_cent[idx];
         }
         const float cn = __fsqrt_rn(kv_warp_sum_squares<TQ_E>(x));
         float ratio = 0.0f;

@@ -4,8 +4,9 @@
 //                               +-448 (satfinite, also for +-inf), NaN -> 0x7F, sign kept for
 //                               -0 and for negative values that round to zero (0x80).
 //   kv_e4m3x2_encode(lo, hi)    two bytes at once (lo in bits 0..7, hi in bits 8..15).
-//   kv_e4m3_decode(byte)        exact value; 0x7F / 0xFF decode to +-NaN (0x7FC00000 /
-//                               0xFFC00000, the CPU table's bits).
+//   kv_e4m3_decode(byte)        exact value; 0x7F and 0xFF both decode to the positive quiet
+//                               NaN 0x7FC00000 (the CPU table's bits: codecs.e4m3_decode
+//                               returns +nan before applying the sign).
 //
 // Hardware path (KVKIT_HW_FP8, sm_89+): cvt.rn.satfinite.e4m3x2.f32 d, a, b puts a in the
 // upper byte and b in the lower. It is applied to |x| (NaN replaced by 0) and the sign and
@@ -56,7 +57,7 @@ __device__ __forceinline__ float kv_e4m3_decode(unsigned int b) {
     unsigned int sign = (b & 0x80u) << 24;
     unsigned int e = (b >> 3) & 0xFu;
     unsigned int m = b & 0x7u;
-    if ((b & 0x7Fu) == 0x7Fu) return __uint_as_float(sign | 0x7FC00000u);
+    if ((b & 0x7Fu) == 0x7Fu) return __uint_as_float(0x7FC00000u);
     if (e != 0) return __uint_as_float(sign | ((e + 120u) << 23) | (m << 20));
     // subnormal m * 2^-9 (m <= 7): 2^-9 * (m / 2^lead) normalized, or a signed zero
     if (m == 0) return __uint_as_float(sign);

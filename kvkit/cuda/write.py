@@ -1,0 +1,142 @@
+"""CUDA quantize-on-write launcher: one fused kernel per format family.
+
+``write_rows(layer, k, v, slots, in_dtype)`` scatters N tokens into a layer whose planes are
+CuPy arrays. It launches on the current CuPy stream and never synchronizes: a slot beyond the
+cache is skipped by the kernel and recorded in ``layer.error_flag`` (bit 1); negative slots
+are padding. Kernels and their launch shapes:
+
+========================  ========================  ==========================================
+format family             kernel (entry)            launch
+========================  ========================  ==========================================
+fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8 elements),
+                          (write_dense.cu)          256 threads per CTA
+nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
+                          (write_nvfp4.cu)          128 threads per CTA
+turboquant_*              ``kvkit_write_turboquant``  1 warp per (token, head), 4 warps per CTA
+                          (write_turboquant.cu)
+========================  ========================  ==========================================
+
+Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
+uint16) + ``KV_SLOT_T`` (``int`` / ``long long`` from the slot dtype).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ..formats import DenseFormat, Format, FP8Format, NVFP4Format, TurboQuantFormat
+from .compiler import get_kernel
+
+if TYPE_CHECKING:
+    from ..cache import CacheLayer
+
+#: in_dtype name -> (KV_IN_DTYPE code, the CuPy dtype the array must have).
+IN_DTYPES = {"float32": ("0", "float32"), "float16": ("1", "float16"), "bfloat16": ("2", "uint16")}
+SLOT_TYPES = {"int32": "int", "int64": "long long"}
+
+# Launch shapes; the kernels' __launch_bounds__ match these (see the .cu files for why).
+DENSE_THREADS = 256
+DENSE_CHUNK = 8
+NVFP4_THREADS = 128
+NVFP4_BLOCK = 16
+TQ_WARPS = 4
+
+
+def _family(fmt: Format) -> str:
+    if isinstance(fmt, (FP8Format, DenseFormat)):
+        return "dense"
+    if isinstance(fmt, NVFP4Format):
+        return "nvfp4"
+    if isinstance(fmt, TurboQuantFormat):
+        return "turboquant"
+    raise TypeError(f"no CUDA kernel for {fmt!r}")
+
+
+def _grid(work: int, per_cta: int) -> tuple[int]:
+    return ((work + per_cta - 1) // per_cta,)
+
+
+def plane_args(plane) -> list:
+    """[plane, stride_block, stride_head, stride_token] with strides in elements (int64)."""
+    if plane.ndim != 4:
+        raise ValueError(f"a plane must be (num_blocks, H, block_size, width), got {plane.shape}")
+    item = plane.itemsize
+    if plane.strides[3] != item:
+        raise ValueError("a plane's last axis must be contiguous")
+    if any(s % item for s in plane.strides[:3]):
+        raise ValueError(f"plane strides {plane.strides} are not multiples of the element size")
+    return [plane] + [np.int64(s // item) for s in plane.strides[:3]]
+
+
+def slot_define(slots) -> str:
+    name = slots.dtype.name
+    if name not in SLOT_TYPES:
+        raise TypeError(f"slots must be int32 or int64, got {name}")
+    return SLOT_TYPES[name]
+
+
+def check_slots(slots, n: int) -> None:
+    if slots.shape != (n,):
+        raise ValueError(f"slots must be ({n},), got {slots.shape}")
+    if not slots.flags.c_contiguous:
+        raise ValueError("slots must be contiguous")
+
+
+def layer_head_args(layer: CacheLayer) -> list:
+    return [np.int32(layer.num_kv_heads), np.int64(layer.capacity), np.int32(layer.block_size)]
+
+
+def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str) -> None:
+    """Quantize k, v (N, H, D) into the layer's planes at ``slots`` (N,), on the current stream.
+
+    Args:
+        layer: a CacheLayer with CuPy planes ``(num_blocks, H, block_size, width)`` (strided
+            views allowed, last axis contiguous) and an int32 ``error_flag`` of shape (1,).
+        k, v: CuPy arrays (N, H, D), C-contiguous: float32, float16, or uint16 holding bf16
+            bits (``in_dtype="bfloat16"``).
+        slots: CuPy int32 or int64 (N,); negative = padding, >= capacity sets error bit 1.
+        in_dtype: "float32", "float16" or "bfloat16".
+    """
+    fmt = layer.fmt
+    if in_dtype not in IN_DTYPES:
+        raise ValueError(f"in_dtype must be one of {tuple(IN_DTYPES)}, got {in_dtype!r}")
+    code, want = IN_DTYPES[in_dtype]
+    d = fmt.head_dim
+    h = layer.num_kv_heads
+    for name, x in (("k", k), ("v", v)):
+        if x.dtype.name != want:
+            raise TypeError(f"{name} must be {want} for in_dtype={in_dtype!r}, got {x.dtype.name}")
+        if x.ndim != 3 or x.shape[1:] != (h, d):
+            raise ValueError(f"{name} must be (N, {h}, {d}), got {x.shape}")
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{name} must be C-contiguous")
+    if k.shape != v.shape:
+        raise ValueError(f"k and v shapes differ: {k.shape} vs {v.shape}")
+    n = k.shape[0]
+    check_slots(slots, n)
+    defines = dict(fmt.cuda_defines())
+    defines["KV_IN_DTYPE"] = code
+    defines["KV_SLOT_T"] = slot_define(slots)
+    if n == 0:
+        return
+    p = layer.planes
+    family = _family(fmt)
+    head = [k, v, slots, np.int64(n)] + layer_head_args(layer)
+    ks, vs = np.float32(layer.k_scale), np.float32(layer.v_scale)
+    if family == "dense":
+        kern = get_kernel("write_dense.cu", "kvkit_write_dense", defines)
+        args = head + plane_args(p["k"]) + plane_args(p["v"]) + [ks, vs, layer.error_flag]
+        kern(_grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS), (DENSE_THREADS,), tuple(args))
+    elif family == "nvfp4":
+        kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
+        planes = []
+        for name in ("k_data", "k_scale", "v_data", "v_scale"):
+            planes += plane_args(p[name])
+        args = head + planes + [ks, vs, layer.error_flag]
+        kern(_grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS), (NVFP4_THREADS,), tuple(args))
+    else:
+        kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
+        args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
+        kern(_grid(n * h, TQ_WARPS), (TQ_WARPS * 32,), tuple(args))

@@ -1,0 +1,165 @@
+"""Every write / dequantize kernel compiles for every target, without a GPU (CI).
+
+Needs NVRTC only (pip ``nvidia-cuda-nvrtc-cu12`` or a CUDA toolkit); the module is skipped
+when NVRTC is genuinely absent. Checks: ``compile_only(arch)`` builds and returns the write and
+dequantize kernels for every format; the hardware conversions appear exactly on the targets
+that have them (E2M1 on sm_100a / sm_120a, E4M3 on sm_89+) and vanish under
+``KVKIT_FORCE_SOFTWARE_CONVERSIONS``; only ``common/arch.cuh`` tests ``__CUDA_ARCH__``; no
+kernel spills (``--ptxas-options=-v`` on real targets).
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+
+import pytest
+
+pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
+
+from kvkit import formats  # noqa: E402
+from kvkit.cuda import compiler  # noqa: E402
+from kvkit.cuda.compiler import TARGETS, compile_entry, compile_only  # noqa: E402
+
+
+def _nvrtc_reason() -> str | None:
+    try:
+        compiler.nvrtc_version()
+    except Exception as exc:  # the Python binding imports, the shared library is missing
+        return f"NVRTC is not loadable ({type(exc).__name__}: {exc})"
+    return None
+
+
+if _nvrtc_reason():
+    pytest.skip(_nvrtc_reason(), allow_module_level=True)
+
+DENSE = ("fp16", "bf16", "fp8_e4m3")
+NVFP4 = ("nvfp4", "nvfp4_4over6")
+TQ = tuple(n for n in formats.names() if n.startswith("turboquant"))
+#: kernel name -> the formats compile_only must build it for
+OUR_KERNELS = {
+    "kvkit_write_dense": DENSE,
+    "kvkit_dequant_dense": DENSE,
+    "kvkit_write_nvfp4": NVFP4,
+    "kvkit_dequant_nvfp4": NVFP4,
+    "kvkit_write_turboquant": TQ,
+    "kvkit_dequant_turboquant": TQ,
+}
+E2M1_CVT = "cvt.rn.satfinite.e2m1x2.f32"
+E4M3_CVT = "cvt.rn.satfinite.e4m3x2.f32"
+HW_FP4 = {"sm_100a", "sm_120a"}
+HW_FP8 = {"sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"}
+_SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+
+
+@cache
+def _built(arch: str):
+    return compile_only(arch)
+
+
+def _defines(name: str, d: int = 128, in_dtype: str = "1", slot_t: str = "long long", **extra):
+    defines = dict(formats.get(name, d).cuda_defines())
+    defines.update(KV_IN_DTYPE=in_dtype, KV_SLOT_T=slot_t, **{k: str(v) for k, v in extra.items()})
+    return defines
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_compile_only_builds_every_write_and_dequant_kernel(arch):
+    built = _built(arch)
+    for kernel, names in OUR_KERNELS.items():
+        for name in names:
+            key = f"{kernel}[{name}]"
+            assert key in built, f"{key} missing for {arch}"
+            res = built[key]
+            assert res.ptx and f".entry {kernel}(" in res.ptx
+            assert res.cubin, f"{key}: no cubin for the real target {arch}"
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_hardware_fp4_conversion_only_on_arch_specific_blackwell(arch):
+    built = _built(arch)
+    for name in NVFP4:
+        ptx = built[f"kvkit_write_nvfp4[{name}]"].ptx
+        assert (E2M1_CVT in ptx) == (arch in HW_FP4), (arch, name)
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_hardware_fp8_conversion_on_sm89_and_newer(arch):
+    built = _built(arch)
+    for key in (
+        "kvkit_write_dense[fp8_e4m3]",
+        "kvkit_write_turboquant[turboquant_k8v4]",
+        "kvkit_write_nvfp4[nvfp4]",  # the E4M3 block scales
+    ):
+        assert (E4M3_CVT in built[key].ptx) == (arch in HW_FP8), (arch, key)
+    # formats without E4M3 bytes never need the instruction
+    assert E4M3_CVT not in built["kvkit_write_dense[fp16]"].ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_120a"])
+def test_force_software_conversions_removes_hardware_paths(arch):
+    for entry, name in (("write_nvfp4.cu", "nvfp4_4over6"), ("write_dense.cu", "fp8_e4m3")):
+        res = compile_entry(entry, _defines(name, KVKIT_FORCE_SOFTWARE_CONVERSIONS=1), arch)
+        assert E2M1_CVT not in res.ptx and E4M3_CVT not in res.ptx
+        assert "cvt.rn.f16.f32" not in res.ptx
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89"])
+def test_ptx_override_builds(arch):
+    """The arch override (KVKIT_ARCH=sm_80 on a newer GPU) loads PTX for compute_XY."""
+    for entry, name in (
+        ("write_dense.cu", "fp8_e4m3"),
+        ("write_nvfp4.cu", "nvfp4"),
+        ("write_turboquant.cu", "turboquant_k3v4_nc"),
+        ("dequant_turboquant.cu", "turboquant_4bit_nc"),
+    ):
+        res = compile_entry(entry, _defines(name), arch, ptx_only=True)
+        assert res.cubin is None and f".target {arch}" in res.ptx
+        has_e4m3 = name in ("fp8_e4m3", "nvfp4", "turboquant_k8v4")
+        assert (E4M3_CVT in res.ptx) == (arch == "sm_89" and has_e4m3), (arch, name)
+
+
+def test_only_arch_cuh_mentions_cuda_arch():
+    root = compiler.cuda_src_dir()
+    offenders = [
+        str(p.relative_to(root))
+        for p in sorted(root.rglob("*"))
+        if p.suffix in (".cu", ".cuh", ".h")
+        and p.relative_to(root).as_posix() != "common/arch.cuh"
+        and "__CUDA_ARCH" in p.read_text()
+    ]
+    assert offenders == []
+
+
+def _variants():
+    """(entry, format, head_dim, KV_IN_DTYPE, KV_SLOT_T): each family at its extremes."""
+    out = []
+    for kind in ("write", "dequant"):
+        for name in DENSE + NVFP4:
+            fam = "dense" if name in DENSE else "nvfp4"
+            for d in (16, 128, 512):
+                out.append((f"{kind}_{fam}.cu", name, d, "1", "long long"))
+        for name in TQ:
+            dims = (16, 48, 128, 512) if name == "turboquant_k8v4" else (64, 128, 256)
+            for d in dims:
+                out.append((f"{kind}_turboquant.cu", name, d, "1", "long long"))
+    for entry, name in (
+        ("write_dense.cu", "bf16"),
+        ("write_nvfp4.cu", "nvfp4_4over6"),
+        ("write_turboquant.cu", "turboquant_3bit_nc"),
+    ):
+        for dt in ("0", "2"):
+            out.append((entry, name, 128, dt, "int"))
+    return out
+
+
+@pytest.mark.parametrize("arch", TARGETS)
+def test_no_kernel_spills(arch):
+    bad = []
+    for entry, name, d, dt, slot_t in _variants():
+        res = compile_entry(entry, _defines(name, d, dt, slot_t), arch, verbose_ptxas=True)
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics in the log of {entry} [{name}]: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((entry, name, d, dt, spills))
+    assert bad == []
