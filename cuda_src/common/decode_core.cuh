@@ -89,6 +89,8 @@ constexpr int R = G * QL;
 constexpr int RW = (R + NW - 1) / NW;      // score rows per warp
 constexpr int RG = THREADS / D4;           // row groups of the PV phase
 constexpr int RPT = (R + RG - 1) / RG;     // PV rows per thread
+// Per-tile partial sums of p * v in registers (see phase (e)) while they fit beside acc.
+constexpr bool TWO_LEVEL = RPT <= 8;
 // K tile rows padded by one float4: the 8 lanes of a quarter-warp reading 8 different
 // tokens at the same column then hit 8 different 16-byte bank groups (D4 + 1 is odd).
 constexpr int KSTR4 = D4 + 1;
@@ -447,10 +449,18 @@ __device__ __forceinline__ void kv_stage1_body(
             }
             __syncthreads();
 
-            // (e) acc = acc * alpha + sum_t p_t v_t for this thread's rows and 4 columns.
+            // (e) acc = acc * alpha + sum_t p_t v_t for this thread's rows and 4 columns. The
+            // tile's sum is formed first and then added (two-level sums, as the CPU path),
+            // so float32 error grows with the number of tiles, not of tokens (a 100k-token
+            // split is 3125 additions per element, not 100k); row counts whose tile sums
+            // would not fit the registers accumulate directly.
             if (tid < RG * D4) {
                 const int c = tid % D4;
                 const int rg = tid / D4;
+                float4 part[TWO_LEVEL ? RPT : 1];
+#pragma unroll
+                for (int j = 0; j < (TWO_LEVEL ? RPT : 1); ++j)
+                    part[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int j = 0; j < RPT; ++j) {
                     const int r = rg + RG * j;
@@ -467,7 +477,21 @@ __device__ __forceinline__ void kv_stage1_body(
 #pragma unroll
                     for (int j = 0; j < RPT; ++j) {
                         const int r = rg + RG * j;
-                        if (r < R) kv_fma4(acc[j], p_s[r * PSTR + t], vv);
+                        if (r < R) {
+                            if constexpr (TWO_LEVEL)
+                                kv_fma4(part[j], p_s[r * PSTR + t], vv);
+                            else
+                                kv_fma4(acc[j], p_s[r * PSTR + t], vv);
+                        }
+                    }
+                }
+                if constexpr (TWO_LEVEL) {
+#pragma unroll
+                    for (int j = 0; j < RPT; ++j) {
+                        acc[j].x += part[j].x;
+                        acc[j].y += part[j].y;
+                        acc[j].z += part[j].z;
+                        acc[j].w += part[j].w;
                     }
                 }
             }

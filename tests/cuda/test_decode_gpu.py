@@ -1,0 +1,421 @@
+"""CUDA split-K decode (kvkit.cuda.decode) and GPU merge_states vs float64 attention.
+
+The GPU cache is filled by writing the data into a CPU cache with the Numba writer and copying
+the planes over, so these tests do not depend on the CUDA write kernels. The reference is
+``attention_f64`` over ``kvkit.dequantize`` of the CPU layer (the spec's values), and the
+bound is ``DECODE_GPU_RTOL``: the kernels may add float32 rounding, nothing more. The suite
+runs natively and under ``KVKIT_ARCH=sm_80`` / ``sm_89`` (PTX overrides), so nothing here
+names an arch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+import kvkit
+from kvkit import formats
+from kvkit.cpu.merge import merge_states as cpu_merge_states
+from kvkit.formats import codecs
+from kvkit.splits import MAX_SPLITS
+from kvkit.testing.reference import paged_attention_f64
+from kvkit.testing.tolerance import DECODE_GPU_RTOL, SPLIT_INVARIANCE_RTOL, rel_error
+
+pytestmark = pytest.mark.gpu
+
+ALL_FORMATS = tuple(formats.names())
+SPLIT_CHOICES = (1, 3, MAX_SPLITS, None)
+#: Kernel launches per Hypothesis example are many (and new (format, G, q_len) variants
+#: compile): keep the example counts small.
+FEW = settings(max_examples=12, deadline=None)
+
+
+@pytest.fixture(scope="module")
+def cp():
+    import cupy
+
+    return cupy
+
+
+def lse_error(lse, ref):
+    """Relative error of exp(lse) for |lse| <= 1, relative to |lse| above; -inf == -inf."""
+    lse = np.asarray(lse, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    assert lse.shape == ref.shape
+    both_empty = (lse == -np.inf) & (ref == -np.inf)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0)
+    err = np.where(both_empty, 0.0, err)
+    if err.size == 0:
+        return 0.0
+    return float(err.max()) if np.all(np.isfinite(err)) else float("inf")
+
+
+# --- building a case ----------------------------------------------------------------------
+
+
+class Case:
+    """A filled CPU / GPU layer pair, block tables, queries and the float64 reference."""
+
+    def __init__(self, name, *, head_dim, hkv, group, q_len, block_size, seq_lens, seed,
+                 spare_blocks=1, window=None, sinks=False, softcap=None, peak=1.0,
+                 q_dtype="float32", extra_blocks=2):  # fmt: skip
+        import cupy
+
+        rng = np.random.default_rng(seed)
+        fmt = formats.get(name, head_dim)
+        bs = block_size
+        self.seq_lens = np.array(seq_lens, dtype=np.int32)
+        batch = len(seq_lens)
+        n_pages = [-(-max(int(s), 0) // bs) for s in seq_lens]
+        num_blocks = sum(n_pages) + extra_blocks
+        self.cpu = kvkit.PagedKVCache(fmt, 1, hkv, num_blocks, bs).layer(0)
+        self.gpu = kvkit.PagedKVCache(fmt, 1, hkv, num_blocks, bs, backend="cuda").layer(0)
+
+        # Keys with a few outlier channels (as in LLM caches), zero-mean values; every slot.
+        n = num_blocks * bs
+        k = rng.standard_normal((n, hkv, head_dim)).astype(np.float32)
+        k[..., :4] *= 3.0
+        v = rng.standard_normal((n, hkv, head_dim)).astype(np.float32)
+        if fmt.has_global_scales:
+            for layer in (self.cpu, self.gpu):
+                layer.k_scale = fmt.calibrate(k)
+                layer.v_scale = fmt.calibrate(v)
+        kvkit.write_kv(self.cpu, k, v, np.arange(n, dtype=np.int64))
+        for pname, plane in self.cpu.planes.items():
+            self.gpu.planes[pname][...] = cupy.asarray(plane)
+
+        # Pages in a random permutation; table padding holds garbage that must never be read.
+        perm = rng.permutation(num_blocks)
+        max_blocks = max(max(n_pages), 1) + spare_blocks
+        self.block_tables = np.full((batch, max_blocks), -7, dtype=np.int32)
+        used = 0
+        for b, npg in enumerate(n_pages):
+            self.block_tables[b, :npg] = perm[used:used + npg]
+            used += npg
+
+        hq = hkv * group
+        q = rng.standard_normal((batch, q_len, hq, head_dim)).astype(np.float32)
+        if q_dtype == "float16":
+            self.q_host = q.astype(np.float16)
+            q_vals = self.q_host.astype(np.float32)
+        elif q_dtype == "bfloat16":
+            self.q_host = codecs.bf16_bits_array(q)
+            q_vals = codecs.bf16_values_array(self.q_host)
+        else:
+            self.q_host = q
+            q_vals = q
+        self.q_dtype = q_dtype
+        self.q_vals = q_vals
+        self.sinks = rng.standard_normal(hq).astype(np.float32) + 1.0 if sinks else None
+        self.opts = dict(scale=peak / math.sqrt(head_dim), window=window, sinks=self.sinks,
+                         softcap=softcap)  # fmt: skip
+
+        kd, vd = kvkit.dequantize(self.cpu, np.arange(n, dtype=np.int64))
+        shape = (num_blocks, bs, hkv, head_dim)
+        self.k_pages = kd.reshape(shape).transpose(0, 2, 1, 3)
+        self.v_pages = vd.reshape(shape).transpose(0, 2, 1, 3)
+
+    def reference(self):
+        return paged_attention_f64(self.q_vals, self.k_pages, self.v_pages, self.block_tables,
+                                   self.seq_lens, **self.opts)  # fmt: skip
+
+    def run(self, num_splits, *, block_tables=None, seq_lens=None):
+        import cupy
+
+        from kvkit.cuda import decode as cuda_decode
+
+        bt = self.block_tables if block_tables is None else block_tables
+        sl = self.seq_lens if seq_lens is None else seq_lens
+        sinks = None if self.sinks is None else cupy.asarray(self.sinks)
+        o, lse = cuda_decode.decode(
+            cupy.asarray(self.q_host), self.q_dtype, self.gpu, cupy.asarray(bt),
+            cupy.asarray(sl), scale=self.opts["scale"], num_splits=num_splits,
+            window=self.opts["window"], sinks=sinks, softcap=self.opts["softcap"],
+        )  # fmt: skip
+        assert o.dtype == cupy.float32 and lse.dtype == cupy.float32
+        assert o.shape == self.q_host.shape and lse.shape == self.q_host.shape[:3]
+        return cupy.asnumpy(o), cupy.asnumpy(lse)
+
+    def flag(self):
+        return int(self.gpu.error_flag.get()[0])
+
+
+def check_against_reference(case, split_choices=SPLIT_CHOICES, split_rtol=SPLIT_INVARIANCE_RTOL):
+    """Every split count within DECODE_GPU_RTOL of float64, and the split counts within
+    split_rtol of each other (float32 reassociation of the same sums)."""
+    ref_o, ref_lse = case.reference()
+    results = []
+    for num_splits in split_choices:
+        case.gpu.error_flag.fill(0)
+        o, lse = case.run(num_splits)
+        assert case.flag() == 0, num_splits
+        assert rel_error(o, ref_o) <= DECODE_GPU_RTOL, num_splits
+        assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL, num_splits
+        results.append((o, lse))
+    o1, lse1 = results[0]
+    for o, lse in results[1:]:
+        assert rel_error(o, o1) <= split_rtol
+        assert lse_error(lse, lse1) <= split_rtol
+
+
+# --- every format, GQA 1/4/8/16, q_len 1 and 4 ----------------------------------------------
+
+
+@pytest.mark.parametrize("name", ALL_FORMATS)
+@pytest.mark.parametrize("group", [1, 4, 8, 16])
+@pytest.mark.parametrize("q_len", [1, 4])
+def test_every_format_and_group(cp, name, group, q_len):
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[37, 16 * 5, q_len], seed=group * 10 + q_len)  # fmt: skip
+    check_against_reference(case)
+
+
+@st.composite
+def decode_cases(draw):
+    name = draw(st.sampled_from(ALL_FORMATS))
+    head_dim = draw(st.sampled_from([64, 128, 256]))
+    block_size = draw(st.sampled_from([16, 32, 64, 128]))
+    q_len = draw(st.sampled_from([1, 4]))
+    group = draw(st.sampled_from([1, 4, 8, 16]))
+    if head_dim == 256:
+        group = min(group, 8)
+    seq_lens = []
+    for _ in range(draw(st.integers(1, 3))):
+        full = draw(st.integers(0, 6))
+        rem = draw(st.sampled_from([0, 1, block_size - 1]))
+        seq_lens.append(max(full * block_size + rem, q_len))
+    return dict(
+        name=name, head_dim=head_dim, hkv=draw(st.sampled_from([1, 2])), group=group,
+        q_len=q_len, block_size=block_size, seq_lens=seq_lens,
+        spare_blocks=draw(st.integers(0, 2)),
+        window=draw(st.none() | st.integers(1, 3 * block_size)),
+        sinks=draw(st.booleans()),
+        softcap=draw(st.none() | st.sampled_from([5.0, 30.0])),
+        peak=draw(st.sampled_from([1.0, 4.0])),
+        q_dtype=draw(st.sampled_from(["float32", "float16", "bfloat16"])),
+        seed=draw(st.integers(0, 2**32 - 1)),
+    )  # fmt: skip
+
+
+def _corner(name, block_size, rem, **kw):
+    case = dict(name=name, head_dim=128, hkv=2, group=4, q_len=4, block_size=block_size,
+                seq_lens=[3 * block_size + rem, block_size + rem, max(rem, 4)], spare_blocks=1,
+                window=None, sinks=False, softcap=None, peak=1.0, q_dtype="float32",
+                seed=block_size + rem)  # fmt: skip
+    case.update(kw)
+    return case
+
+
+@FEW
+@given(case=decode_cases())
+# Page-boundary corners (seq_len % block_size in {0, 1, block_size - 1}) and the options.
+@example(case=_corner("nvfp4", 16, 0))
+@example(case=_corner("turboquant_4bit_nc", 16, 1, window=17, sinks=True))
+@example(case=_corner("turboquant_3bit_nc", 128, 127, softcap=30.0, group=8, q_len=1))
+@example(case=_corner("fp8_e4m3", 64, 1, window=1, peak=4.0, q_dtype="bfloat16"))
+@example(case=_corner("turboquant_k8v4", 32, 31, head_dim=64, q_dtype="float16", sinks=True))
+@example(case=_corner("bf16", 16, 15, head_dim=256, group=8, window=40, softcap=5.0))
+def test_decode_matches_float64_and_is_split_invariant(cp, case):
+    case = dict(case)  # examples are replayed while shrinking: leave them intact
+    name = case.pop("name")
+    check_against_reference(Case(name, **case))
+
+
+def test_sinks_with_minus_inf_and_window_one(cp):
+    case = Case("turboquant_k3v4_nc", head_dim=64, hkv=1, group=4, q_len=4, block_size=16,
+                seq_lens=[40, 4], seed=3, window=1, sinks=True)  # fmt: skip
+    case.sinks[1] = -np.inf  # -inf means "no sink" for that head
+    case.opts["sinks"] = case.sinks
+    check_against_reference(case)
+
+
+# Long sequences: a split sums thousands of tile partials in float32, so two split counts
+# differ by more than the reassociation of a few pages; both stay within DECODE_GPU_RTOL of
+# float64 (the contract), which bounds their difference as well.
+
+
+def test_long_sequence(cp):
+    # One 100,000-token sequence: 782 pages of 128, so every split count spans many pages.
+    case = Case("turboquant_4bit_nc", head_dim=128, hkv=1, group=8, q_len=1, block_size=128,
+                seq_lens=[100_000], seed=11, sinks=True)  # fmt: skip
+    check_against_reference(case, split_rtol=DECODE_GPU_RTOL)
+
+
+def test_long_sequence_nvfp4_multi_query(cp):
+    case = Case("nvfp4", head_dim=128, hkv=2, group=4, q_len=4, block_size=64,
+                seq_lens=[30_001, 5], seed=12, window=4096, softcap=30.0)  # fmt: skip
+    check_against_reference(case, split_choices=(1, MAX_SPLITS, None), split_rtol=DECODE_GPU_RTOL)
+
+
+def test_front_door_matches_the_cpu_backend(cp):
+    case = Case("turboquant_4bit_nc", head_dim=128, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[50, 17], seed=5, sinks=True)  # fmt: skip
+    q = case.q_host[:, 0]  # (B, Hq, D): the single-token form
+    args = dict(scale=case.opts["scale"], sinks=case.sinks, return_lse=True)
+    o_cpu, lse_cpu = kvkit.decode(q, case.cpu, case.block_tables, case.seq_lens, **args)
+    o, lse = kvkit.decode(
+        cp.asarray(q), case.gpu, cp.asarray(case.block_tables), cp.asarray(case.seq_lens),
+        scale=case.opts["scale"], sinks=cp.asarray(case.sinks), return_lse=True,
+    )  # fmt: skip
+    assert o.shape == o_cpu.shape and lse.shape == lse_cpu.shape
+    assert rel_error(cp.asnumpy(o), o_cpu) <= DECODE_GPU_RTOL
+    assert lse_error(cp.asnumpy(lse), lse_cpu) <= DECODE_GPU_RTOL
+
+
+# --- plane layouts: strided views, unaligned rows --------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["fp16", "nvfp4", "turboquant_3bit_nc", "turboquant_k8v4"])
+@pytest.mark.parametrize("layout", ["nhd", "padded_row"])
+def test_strided_planes(cp, name, layout):
+    case = Case(name, head_dim=64, hkv=2, group=4, q_len=2, block_size=32,
+                seq_lens=[70, 33], seed=7)  # fmt: skip
+    for pname, plane in list(case.gpu.planes.items()):
+        nb, h, bs, w = plane.shape
+        if layout == "nhd":
+            # Token-major storage (num_blocks, block_size, H, width) seen as HND.
+            store = cp.empty((nb, bs, h, w), dtype=plane.dtype)
+            store[...] = plane.transpose(0, 2, 1, 3)
+            view = store.transpose(0, 2, 1, 3)
+        else:
+            # Rows one element wider than the plane: every token starts at an odd offset
+            # (fp16: 2-byte aligned), so the kernel must fall back to narrow loads.
+            store = cp.zeros((nb, h, bs, w + 1), dtype=plane.dtype)
+            store[..., 1:] = plane
+            view = store[..., 1:]
+        assert not view.flags.c_contiguous
+        case.gpu.planes[pname] = view
+    check_against_reference(case, split_choices=(1, 3))
+
+
+# --- index safety ------------------------------------------------------------------------------
+
+
+def test_bad_block_table_entries_set_the_flag_and_stay_in_bounds(cp):
+    case = Case("nvfp4", head_dim=64, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[40, 40, 20], seed=9)  # fmt: skip
+    planes_before = {k: p.copy() for k, p in case.gpu.planes.items()}
+    bt = case.block_tables.copy()
+    bt[0, 1] = case.gpu.num_blocks  # one past the cache
+    bt[1, 0] = -1
+    bt[1, 2] = 2**31 - 1
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3, MAX_SPLITS):
+        case.gpu.error_flag.fill(0)
+        o, lse = case.run(num_splits, block_tables=bt)
+        assert case.flag() & 2
+        assert np.all(np.isfinite(o)) and not np.any(np.isnan(lse))
+        # Sequence 2 uses only valid pages: unaffected.
+        assert rel_error(o[2], ref_o[2]) <= DECODE_GPU_RTOL
+        assert lse_error(lse[2], ref_lse[2]) <= DECODE_GPU_RTOL
+    for k, p in case.gpu.planes.items():
+        assert bool((p == planes_before[k]).all()), "decode must not write the cache"
+
+
+@pytest.mark.parametrize("bad_len", [-5, 0, 2, 10_000])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_bad_seq_lens_set_the_flag_and_give_empty_rows(cp, bad_len, sinks):
+    q_len = 3
+    case = Case("fp8_e4m3", head_dim=64, hkv=1, group=4, q_len=q_len, block_size=16,
+                seq_lens=[20, 33], seed=10, sinks=sinks)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    lens = case.seq_lens.copy()
+    lens[0] = bad_len  # < q_len, or beyond max_blocks * block_size
+    for num_splits in (1, MAX_SPLITS, None):
+        case.gpu.error_flag.fill(0)
+        o, lse = case.run(num_splits, seq_lens=lens)
+        assert case.flag() & 4
+        assert np.all(o[0] == 0)
+        if sinks:
+            # Only the sink is left: lse = sink, o = 0.
+            np.testing.assert_allclose(lse[0], np.broadcast_to(case.sinks, lse[0].shape))
+        else:
+            assert np.all(lse[0] == -np.inf)
+        assert rel_error(o[1], ref_o[1]) <= DECODE_GPU_RTOL
+        assert lse_error(lse[1], ref_lse[1]) <= DECODE_GPU_RTOL
+
+
+def test_padding_entries_are_never_read(cp):
+    case = Case("turboquant_k8v4", head_dim=64, hkv=1, group=8, q_len=1, block_size=16,
+                seq_lens=[16, 17], spare_blocks=3, seed=13)  # fmt: skip
+    case.block_tables[:, 2:] = 2**31 - 1
+    check_against_reference(case)
+
+
+def test_empty_batch_and_argument_errors(cp):
+    from kvkit.cuda import decode as cuda_decode
+
+    case = Case("fp16", head_dim=64, hkv=2, group=2, q_len=1, block_size=16, seq_lens=[5],
+                seed=1)  # fmt: skip
+    q = cp.zeros((0, 1, 4, 64), cp.float32)
+    o, lse = cuda_decode.decode(q, "float32", case.gpu, cp.zeros((0, 1), cp.int32),
+                                cp.zeros(0, cp.int32), scale=0.1)  # fmt: skip
+    assert o.shape == (0, 1, 4, 64) and lse.shape == (0, 1, 4)
+    q = cp.zeros((1, 1, 4, 64), cp.float32)
+    bt, sl = cp.zeros((1, 1), cp.int32), cp.full(1, 5, cp.int32)
+    with pytest.raises(ValueError, match="num_splits"):
+        cuda_decode.decode(q, "float32", case.gpu, bt, sl, scale=0.1, num_splits=MAX_SPLITS + 1)
+    with pytest.raises(TypeError, match="q_dtype"):
+        cuda_decode.decode(q, "int8", case.gpu, bt, sl, scale=0.1)
+    big = cp.zeros((1, 16, 2 * 16, 64), cp.float32)  # G = 16, q_len = 16: 256 rows
+    with pytest.raises(ValueError, match="query rows"):
+        cuda_decode.decode(big, "float32", case.gpu, bt, sl, scale=0.1)
+
+
+# --- merge_states on the GPU -------------------------------------------------------------------
+
+
+@FEW
+@given(
+    parts=st.integers(1, 40),
+    batch=st.lists(st.integers(1, 5), min_size=1, max_size=3),
+    head_dim=st.sampled_from([1, 7, 64, 128, 300]),
+    empty_frac=st.sampled_from([0.0, 0.3, 1.0]),
+    seed=st.integers(0, 2**32 - 1),
+)
+@example(parts=1, batch=[3], head_dim=64, empty_frac=1.0, seed=0)
+@example(parts=33, batch=[2, 2], head_dim=128, empty_frac=0.3, seed=1)
+def test_merge_states_matches_the_cpu(cp, parts, batch, head_dim, empty_frac, seed):
+    from kvkit.cuda import decode as cuda_decode
+
+    rng = np.random.default_rng(seed)
+    o = rng.standard_normal((parts, *batch, head_dim)).astype(np.float32)
+    lse = (rng.standard_normal((parts, *batch)) * 3).astype(np.float32)
+    empty = rng.random((parts, *batch)) < empty_frac
+    lse[empty] = -np.inf
+    o[empty] = np.nan  # an empty part's o is ignored
+    ref_o, ref_lse = cpu_merge_states(o, lse)
+    out, out_lse = cuda_decode.merge_states(cp.asarray(o), cp.asarray(lse))
+    out, out_lse = cp.asnumpy(out), cp.asnumpy(out_lse)
+    assert out.shape == ref_o.shape and out_lse.shape == ref_lse.shape
+    assert out.dtype == np.float32 and out_lse.dtype == np.float32
+    all_empty = ref_lse == -np.inf
+    assert np.all(out[all_empty] == 0) and np.all(out_lse[all_empty] == -np.inf)
+    assert rel_error(out, ref_o) <= SPLIT_INVARIANCE_RTOL
+    assert lse_error(out_lse, ref_lse) <= SPLIT_INVARIANCE_RTOL
+
+
+def test_merge_states_through_the_front_door(cp):
+    rng = np.random.default_rng(4)
+    o = rng.standard_normal((3, 2, 5, 64)).astype(np.float32)
+    lse = rng.standard_normal((3, 2, 5)).astype(np.float32)
+    ref_o, ref_lse = kvkit.merge_states(o, lse)
+    out, out_lse = kvkit.merge_states(cp.asarray(o), cp.asarray(lse))
+    assert rel_error(cp.asnumpy(out), ref_o) <= SPLIT_INVARIANCE_RTOL
+    assert lse_error(cp.asnumpy(out_lse), ref_lse) <= SPLIT_INVARIANCE_RTOL
+
+
+def test_merge_states_argument_errors(cp):
+    from kvkit.cuda import decode as cuda_decode
+
+    with pytest.raises(ValueError):
+        cuda_decode.merge_states(cp.zeros((0, 2, 4), cp.float32), cp.zeros((0, 2), cp.float32))
+    with pytest.raises(ValueError):
+        cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.float32), cp.zeros((2, 3), cp.float32))
+    with pytest.raises(TypeError):
+        cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.int32), cp.zeros((2, 2), cp.float32))
