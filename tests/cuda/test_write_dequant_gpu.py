@@ -1,0 +1,319 @@
+"""CUDA write / dequantize kernels against the Numba backend: identical bytes, identical floats.
+
+Every test is ``@pytest.mark.gpu``. The launchers ``kvkit.cuda.write.write_rows`` and
+``kvkit.cuda.dequant.dequantize_rows`` are called directly on a ``backend="cuda"`` layer; the
+reference is the same inputs, widened to float32 exactly, written into a CPU layer by
+``kvkit.cpu.backend.write_rows``. Both caches start from the same random bytes, so comparing
+whole planes also proves that skipped slots are left alone and that every byte of a written
+slot is written.
+
+Fuzzed (Hypothesis): every format, its legal head dims, block sizes 16..128, head counts,
+slot mappings with padding and gaps (int32 and int64), fp16/bf16/fp32 inputs, magnitudes up
+to 60000, rows with NaN / inf / -0 / denormals / all-NaN / all-zero. The suite is run natively
+and with ``KVKIT_ARCH=sm_80`` / ``sm_89`` (PTX overrides), so nothing here names an arch.
+
+Float comparisons are bitwise, except that two NaNs compare equal whatever their payloads:
+a NaN produced by GPU arithmetic carries the canonical payload 0x7FFFFFFF, the CPU's does not
+(the kernels copy a NaN operand through as the CPU does; only invalid operations on garbage
+bytes can still differ in payload).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+import kvkit
+from kvkit import formats
+from kvkit.cache import BLOCK_SIZES
+from kvkit.cpu import backend as cpu_backend
+from kvkit.formats import codecs
+
+pytestmark = pytest.mark.gpu
+
+MSE_DIMS = (64, 128, 256)
+OTHER_DIMS = (16, 32, 48, 64, 96, 128, 256, 512)
+IN_DTYPES = ("float32", "float16", "bfloat16")
+SPECIAL_VALUES = np.array(
+    [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40, 3e-6, -6e-8, 60000.0, -60000.0],
+    dtype=np.float32,
+)
+
+
+def legal_dims(name: str) -> tuple[int, ...]:
+    is_mse = name.startswith("turboquant") and name != "turboquant_k8v4"
+    return MSE_DIMS if is_mse else OTHER_DIMS
+
+
+@st.composite
+def cases(draw):
+    name = draw(st.sampled_from(formats.names()))
+    return dict(
+        name=name,
+        d=draw(st.sampled_from(legal_dims(name))),
+        bs=draw(st.sampled_from(BLOCK_SIZES)),
+        heads=draw(st.integers(1, 4)),
+        num_blocks=draw(st.integers(1, 4)),
+        n=draw(st.integers(1, 48)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+        dtype=draw(st.sampled_from(IN_DTYPES)),
+        magnitude=draw(st.sampled_from([1e-3, 1.0, 30.0, 60000.0])),
+        padding=draw(st.floats(0.0, 0.5)),
+        specials=draw(st.booleans()),
+        scale=draw(st.sampled_from(["one", "calibrate", "odd"])),
+        slot_dtype=draw(st.sampled_from(["int32", "int64"])),
+    )
+
+
+def make_inputs(c):
+    """(k32, v32 float32 (N, H, D) exact widenings, k_in, v_in in the input dtype, slots)."""
+    rng = np.random.default_rng(c["seed"])
+    capacity = c["num_blocks"] * c["bs"]
+    n = min(c["n"], capacity)
+    shape = (n, c["heads"], c["d"])
+    k = rng.standard_normal(shape) * c["magnitude"]
+    v = rng.standard_normal(shape) * c["magnitude"]
+    k[..., : max(1, c["d"] // 32)] *= 4  # outlier channels
+    k = np.clip(k, -60000.0, 60000.0).astype(np.float32)
+    v = np.clip(v, -60000.0, 60000.0).astype(np.float32)
+    if c["specials"]:
+        for x in (k, v):
+            for _ in range(3):  # scattered special values
+                t, h = rng.integers(n), rng.integers(c["heads"])
+                idx = rng.choice(c["d"], size=rng.integers(1, 5), replace=False)
+                x[t, h, idx] = rng.choice(SPECIAL_VALUES, size=idx.size)
+            t, h = rng.integers(n), rng.integers(c["heads"])
+            kind = rng.integers(3)
+            if kind == 0:
+                x[t, h] = np.nan
+            elif kind == 1:  # +0 / -0 mixed: the sign of the first-occurring minimum matters
+                x[t, h] = np.where(rng.random(c["d"]) < 0.5, -0.0, 0.0)
+            else:
+                x[t, h] = np.float32(rng.standard_normal())
+    if c["dtype"] == "float16":
+        with np.errstate(over="ignore"):
+            k_in, v_in = k.astype(np.float16), v.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    elif c["dtype"] == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k), codecs.bf16_bits_array(v)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    else:
+        k_in, v_in, k32, v32 = k, v, k, v
+    slots = rng.permutation(capacity)[:n].astype(c["slot_dtype"])
+    slots[rng.random(n) < c["padding"]] = -1
+    return k32, v32, k_in, v_in, slots
+
+
+def make_layers(fmt, heads, num_blocks, bs, seed, scales=(1.0, 1.0)):
+    """(cpu layer, cuda layer) holding the same random plane bytes and global scales."""
+    import cupy
+
+    cpu = kvkit.PagedKVCache(fmt, 1, heads, num_blocks, bs).layer(0)
+    gpu = kvkit.PagedKVCache(fmt, 1, heads, num_blocks, bs, backend="cuda").layer(0)
+    rng = np.random.default_rng(seed ^ 0x5EED)
+    for name, arr in cpu.planes.items():
+        arr.view(np.uint8)[...] = rng.integers(0, 256, arr.view(np.uint8).shape, dtype=np.uint8)
+        gpu.planes[name][...] = cupy.asarray(arr)
+    if fmt.has_global_scales:
+        for layer in (cpu, gpu):
+            layer.k_scale, layer.v_scale = scales
+    return cpu, gpu
+
+
+def pick_scales(fmt, mode, k32, v32):
+    if not fmt.has_global_scales or mode == "one":
+        return 1.0, 1.0
+    if mode == "odd":
+        return 0.3712, 7.25
+    finite = [x[np.isfinite(x)] for x in (k32, v32)]
+    return tuple(fmt.calibrate(x) if x.size else 1.0 for x in finite)
+
+
+def plane_bytes(layer) -> dict[str, np.ndarray]:
+    out = {}
+    for name, arr in layer.planes.items():
+        host = arr if isinstance(arr, np.ndarray) else arr.get()
+        out[name] = np.array(host, copy=True, order="C").view(np.uint8)
+    return out
+
+
+def assert_planes_equal(cpu, gpu, context=""):
+    a, b = plane_bytes(cpu), plane_bytes(gpu)
+    for name in a:
+        diff = np.flatnonzero(a[name] != b[name])
+        assert diff.size == 0, (
+            f"{context} plane {name}: {diff.size} bytes differ, first at flat {diff[:8]}: "
+            f"cpu {a[name].ravel()[diff[:8]]} cuda {b[name].ravel()[diff[:8]]}"
+        )
+
+
+def assert_same_floats(cpu: np.ndarray, gpu: np.ndarray, what: str) -> None:
+    assert cpu.shape == gpu.shape and gpu.dtype == np.float32, (cpu.shape, gpu.shape, gpu.dtype)
+    cn, gn = np.isnan(cpu), np.isnan(gpu)
+    assert np.array_equal(cn, gn), f"{what}: NaN positions differ"
+    diff = (cpu.view(np.uint32) != gpu.view(np.uint32)) & ~cn
+    idx = np.argwhere(diff)
+    assert idx.size == 0, (
+        f"{what}: {len(idx)} values differ, first {idx[:4].tolist()}: "
+        f"cpu {cpu[diff][:4]} cuda {gpu[diff][:4]}"
+    )
+
+
+def write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype):
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    cpu_backend.write_rows(cpu, k32, v32, slots.astype(np.int64))
+    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
+
+
+def dequant_both(cpu, gpu, slots):
+    import cupy
+
+    from kvkit.cuda.dequant import dequantize_rows
+
+    ck, cv = kvkit.dequantize(cpu, slots)
+    gk, gv = dequantize_rows(gpu, cupy.asarray(slots))
+    return (ck, cv), (gk.get(), gv.get())
+
+
+@pytest.mark.gpu
+@given(cases())
+@example(  # all-NaN / mixed-zero rows, bf16 input, int32 slots, a 3-bit stream at D=64
+    dict(name="turboquant_3bit_nc", d=64, bs=16, heads=1, num_blocks=1, n=16, seed=0,
+         dtype="bfloat16", magnitude=60000.0, padding=0.0, specials=True, scale="one",
+         slot_dtype="int32")
+)  # fmt: skip
+@example(
+    dict(name="nvfp4_4over6", d=16, bs=16, heads=2, num_blocks=1, n=5, seed=1, dtype="float16",
+         magnitude=1e-3, padding=0.3, specials=True, scale="calibrate", slot_dtype="int64")
+)  # fmt: skip
+@example(
+    dict(name="turboquant_k8v4", d=48, bs=32, heads=3, num_blocks=2, n=40, seed=2,
+         dtype="float32", magnitude=60000.0, padding=0.2, specials=True, scale="odd",
+         slot_dtype="int64")
+)  # fmt: skip
+def test_cuda_write_and_dequantize_equal_numba(c):
+    import cupy
+
+    fmt = formats.get(c["name"], c["d"])
+    k32, v32, k_in, v_in, slots = make_inputs(c)
+    scales = pick_scales(fmt, c["scale"], k32, v32)
+    cpu, gpu = make_layers(fmt, c["heads"], c["num_blocks"], c["bs"], c["seed"], scales)
+    write_both(cpu, gpu, k32, v32, k_in, v_in, slots, c["dtype"])
+    assert int(gpu.error_flag.get()[0]) == 0
+    assert_planes_equal(cpu, gpu, context=f"{fmt.name} D={c['d']} {c['dtype']}")
+
+    # Read back every slot of the cache (written ones and random bytes) plus padding.
+    read = np.concatenate([np.arange(cpu.capacity), [-1, -7]]).astype(c["slot_dtype"])
+    np.random.default_rng(c["seed"]).shuffle(read)
+    (ck, cv), (gk, gv) = dequant_both(cpu, gpu, read)
+    assert_same_floats(ck, gk, f"{fmt.name} K")
+    assert_same_floats(cv, gv, f"{fmt.name} V")
+    assert not gk[read < 0].any() and not gv[read < 0].any()
+    assert int(gpu.error_flag.get()[0]) == 0
+    cupy.cuda.get_current_stream().synchronize()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", formats.names())
+def test_out_of_range_slots_set_the_flag_and_write_nothing(name):
+    import cupy
+
+    from kvkit.cuda.dequant import dequantize_rows
+    from kvkit.cuda.write import write_rows
+
+    d = 64
+    fmt = formats.get(name, d)
+    heads, nb, bs = 2, 2, 16
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=11)
+    rng = np.random.default_rng(3)
+    k = rng.standard_normal((4, heads, d)).astype(np.float32)
+    v = rng.standard_normal((4, heads, d)).astype(np.float32)
+    slots = np.array([nb * bs, 5, -1, 10**12], dtype=np.int64)  # two beyond the cache
+    before = plane_bytes(gpu)
+    write_rows(gpu, cupy.asarray(k), cupy.asarray(v), cupy.asarray(slots), "float32")
+    assert int(gpu.error_flag.get()[0]) & 1
+    # only slot 5 changed: the CPU reference writes the in-range part alone
+    cpu_backend.write_rows(cpu, k, v, np.where(slots >= nb * bs, -1, slots))
+    assert_planes_equal(cpu, gpu, context=name)
+    after = plane_bytes(gpu)
+    changed = {p: np.flatnonzero(before[p] != after[p]) for p in before}
+    assert any(c.size for c in changed.values())
+
+    gpu.error_flag.fill(0)
+    bad = np.array([5, nb * bs + 3, -2], dtype=np.int32)
+    gk, gv = dequantize_rows(gpu, cupy.asarray(bad))
+    assert int(gpu.error_flag.get()[0]) & 1
+    gk, gv = gk.get(), gv.get()
+    assert not gk[1:].any() and not gv[1:].any()
+    ck, cv = kvkit.dequantize(cpu, np.array([5]))
+    assert_same_floats(ck[0], gk[0], "K")
+    assert_same_floats(cv[0], gv[0], "V")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3", "nvfp4_4over6", "turboquant_k3v4_nc"])
+def test_token_major_plane_views(name):
+    """NHD views (token-major memory) are addressed through strides, same bytes as the CPU."""
+    import cupy
+
+    d, heads, nb, bs = 64, 3, 2, 16
+    fmt = formats.get(name, d)
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=5)
+    for pname, spec in fmt.planes.items():
+        cpu.planes[pname] = np.zeros((nb, bs, heads, spec.width), spec.dtype).transpose(0, 2, 1, 3)
+        gpu.planes[pname] = cupy.zeros((nb, bs, heads, spec.width), spec.dtype).transpose(
+            0, 2, 1, 3
+        )
+    rng = np.random.default_rng(9)
+    k = (rng.standard_normal((7, heads, d)) * 10).astype(np.float32)
+    v = (rng.standard_normal((7, heads, d)) * 10).astype(np.float32)
+    slots = np.array([0, 17, 31, -1, 3, 16, 8], dtype=np.int64)
+    write_both(cpu, gpu, k, v, k, v, slots, "float32")
+    assert_planes_equal(cpu, gpu, context=name)
+    (ck, cv), (gk, gv) = dequant_both(cpu, gpu, slots)
+    assert_same_floats(ck, gk, "K")
+    assert_same_floats(cv, gv, "V")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+def test_every_fp32_special_through_every_format(in_dtype):
+    """One row per format holding every special value and every E4M3 / E2M1 rounding edge."""
+    edges = np.concatenate(
+        [
+            SPECIAL_VALUES,
+            codecs.E4M3_VALUES[np.isfinite(codecs.E4M3_VALUES)],
+            np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 5.5, 448.0, 464.0, 65504.0,
+                      65519.0, 65520.0, 2.0**-10, 2.0**-9 * 1.5, 2.0**-24, 2.0**-25],
+                     dtype=np.float32),
+        ]
+    )  # fmt: skip
+    edges = np.concatenate([edges, -edges])
+    for name in formats.names():
+        d = 256
+        fmt = formats.get(name, d)
+        row = np.resize(edges, d).astype(np.float32)
+        k = np.stack([row, row[::-1], row * np.float32(0.01)])[:, None, :]
+        v = np.stack([row[::-1], row, row * np.float32(3.0)])[:, None, :]
+        c = dict(dtype=in_dtype)
+        if c["dtype"] == "float16":
+            with np.errstate(over="ignore"):
+                k_in, v_in = k.astype(np.float16), v.astype(np.float16)
+            k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+        elif c["dtype"] == "bfloat16":
+            k_in, v_in = codecs.bf16_bits_array(k), codecs.bf16_bits_array(v)
+            k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+        else:
+            k_in, v_in, k32, v32 = k, v, k, v
+        cpu, gpu = make_layers(fmt, 1, 1, 16, seed=1, scales=(0.75, 1.5))
+        slots = np.array([2, 9, 15], dtype=np.int32)
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+        assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype}")
+        (ck, cv), (gk, gv) = dequant_both(cpu, gpu, np.arange(16))
+        assert_same_floats(ck, gk, f"{name} K")
+        assert_same_floats(cv, gv, f"{name} V")
