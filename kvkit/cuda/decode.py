@@ -182,8 +182,8 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
             f"{smem_max}. Use fewer query rows per call"
         )
     if smem > 48 * 1024:
-        drv = cupy.cuda.driver
-        drv.funcSetAttribute(func.ptr, drv.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem)
+        # CuPy's RawKernel sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES through this.
+        func.max_dynamic_shared_size_bytes = smem
     _stage1_cache[key] = (func, smem)
     return func, smem
 
