@@ -17,6 +17,8 @@
 #error "the kernel's register layout assumes 16-element scale blocks"
 #endif
 
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
+// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
 // 128 threads: one 16-element block (8 data bytes + 1 scale byte -> 64 output bytes) each.
 #define KV_DEQUANT_NVFP4_THREADS 128
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
@@ -56,7 +58,7 @@ __device__ __forceinline__ void kv_nvfp4_dequant_block(const unsigned char* data
     }
 }
 
-extern "C" __global__ __launch_bounds__(KV_DEQUANT_NVFP4_THREADS) void kvkit_dequant_nvfp4(
+extern "C" __global__ __launch_bounds__(KV_DEQUANT_NVFP4_THREADS, 1) void kvkit_dequant_nvfp4(
     const KV_SLOT_T* __restrict__ slots,     // (N,) slot ids; negative = padding
     long long n_rows,                        // N
     int n_heads,                             // H

@@ -22,8 +22,8 @@
 #error "dequant_turboquant.cu needs the defines of a TurboQuant format (fmt.cuda_defines())"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for sm_120a aims at a
-// register count that spills 8 bytes at D = 256; with it, no target spills.
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
+// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
 // Warps per CTA: 4, so a few rows still spread over many SMs.
 #define TQ_WARPS 4
 #define TQ_E ((KV_HEAD_DIM + 31) / 32)

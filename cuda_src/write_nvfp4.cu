@@ -23,6 +23,8 @@
 #error "the kernel's register layout assumes 16-element scale blocks"
 #endif
 
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
+// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
 // 128 threads: one block scale per thread keeps ~50 registers live (16 inputs, 2 candidates);
 // small CTAs spread short writes (a few tokens) over more SMs.
 #define KV_WRITE_NVFP4_THREADS 128
@@ -93,7 +95,7 @@ __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], floa
     *sf = (unsigned char)sfc;
 }
 
-extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS) void kvkit_write_nvfp4(
+extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_write_nvfp4(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset

@@ -29,8 +29,8 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for sm_120a aims at a
-// register count that spills 8 bytes at D = 256; with it, no target spills.
+// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
+// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs, and
 // shared memory at 4 * (D + slot bytes) <= 5.2 KB at D = 512.
 #define TQ_WARPS 4
