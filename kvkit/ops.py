@@ -371,7 +371,13 @@ def merge_states(o, lse):
     if is_device_array(o) or is_device_array(lse):
         from .cuda import decode as cuda_decode
 
-        oc, _ = as_cupy(o, "o")
-        lc, _ = as_cupy(lse, "lse")
-        return cuda_decode.merge_states(oc, lc)
+        import cupy
+
+        def f32(x, name):
+            arr, dtype = as_cupy(x, name)
+            if dtype == "bfloat16":  # uint16 bits -> float32, exactly
+                return (arr.astype(cupy.uint32) << 16).view(cupy.float32)
+            return arr
+
+        return cuda_decode.merge_states(f32(o, "o"), f32(lse, "lse"))
     return _merge_states_cpu(o, lse)

@@ -6,6 +6,8 @@
 #   PYTHONPATH is set to the source tree; nothing is installed.
 #   OUT defaults to ./gpu_out; HYPOTHESIS_PROFILE defaults to ci.
 #   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench
+#   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
+#   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
@@ -40,12 +42,12 @@ step() {  # step NAME COMMAND...: run, log, record rc and seconds
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for s in $STEPS; do
   case $s in
-    native)   step gpu_native python -m pytest -q -m gpu tests -p no:cacheprovider ;;
-    sm80)     step gpu_sm80 env KVKIT_ARCH=sm_80 python -m pytest -q -m gpu tests -p no:cacheprovider ;;
-    sm89)     step gpu_sm89 env KVKIT_ARCH=sm_89 python -m pytest -q -m gpu tests -p no:cacheprovider ;;
-    memcheck) step memcheck "$SAN" --tool memcheck --error-exitcode 3 --print-limit 20 \
-                python scripts/sanitize_targets.py ;;
-    bench)    [ -f benchmarks/run.py ] && step bench python benchmarks/run.py --out "$OUT" ;;
+    native)   step gpu_native timeout "${T_SUITE:-300}" python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    sm80)     step gpu_sm80 env KVKIT_ARCH=sm_80 timeout "${T_SUITE:-300}" python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    sm89)     step gpu_sm89 env KVKIT_ARCH=sm_89 timeout "${T_SUITE:-300}" python -m pytest -q -m gpu tests -p no:cacheprovider ;;
+    memcheck) step memcheck timeout "${T_MEMCHECK:-240}" "$SAN" --tool memcheck --error-exitcode 3 \
+                --print-limit 20 python scripts/sanitize_targets.py ;;
+    bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
   esac
 done
 
