@@ -108,6 +108,21 @@ def _run_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+# -------------------------------------------------------------------------------------- bench
+
+
+def _add_bench(parser: argparse.ArgumentParser) -> None:
+    from kvkit import bench
+
+    bench.add_arguments(parser)
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    from kvkit import bench
+
+    return bench.run(args)
+
+
 # ----------------------------------------------------------------------------- registration
 
 #: name -> (help, add_arguments, run). Only real, working commands are registered here.
@@ -120,6 +135,12 @@ COMMANDS: dict[
         "of size, accuracy and timing",
         _add_demo,
         _run_demo,
+    ),
+    "bench": (
+        "time decode and write on a CUDA GPU against torch SDPA fp16 and a device copy; "
+        "writes a table, bench.json and bench.png",
+        _add_bench,
+        _run_bench,
     ),
 }
 

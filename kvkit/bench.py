@@ -1,0 +1,336 @@
+"""Decode and write benchmarks on a CUDA GPU (``kvkit bench``, ``benchmarks/run.py``).
+
+Method (DESIGN.md section 8; the device README's METHOD.md):
+
+* the public call is timed exactly as a user makes it (``kvkit.decode`` / ``kvkit.write_kv``,
+  host overhead included) with CUDA events: warm-up, then the median of ``reps`` runs; and
+  again, for decode, as the replay of a CUDA graph that captured one call;
+* inputs are larger than the L2 cache or rotated: when one cache is smaller than twice the L2,
+  several are built and the runs cycle through them;
+* bytes are counted explicitly: decode reads the cache planes of every token it attends to,
+  the block tables and q, and writes o (float32); write reads fp16 K and V and the slot
+  mapping and writes the packed planes. Effective bandwidth = bytes / time, reported next to
+  a device-to-device copy measured in the same run (bytes read + bytes written);
+* where torch is importable, ``torch.nn.functional.scaled_dot_product_attention`` on
+  contiguous fp16 K/V of the same shape (``enable_gqa=True``) runs in the same process.
+
+Outputs: a table on stdout, ``bench.json`` (one row per measurement: op, format, B, T, Hq, Hkv,
+D, kvkit_ms, sdpa_fp16_ms, bytes, effective_TBps, copy_TBps, graph) and ``bench.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from . import formats
+
+BLOCK_SIZE = 16
+#: The issue's shape set: (B, T) at Hq=32, Hkv=8, D=128, plus head dims 64/256 and GQA 16.
+MAIN = [(1, 32768), (8, 8192), (32, 4096), (64, 8192), (1, 131072)]
+#: Token-heads per write measurement (4M, the write target's size).
+WRITE_TOKEN_HEADS = 4 * 2**20
+
+
+@dataclass(frozen=True)
+class Shape:
+    B: int
+    T: int
+    Hq: int = 32
+    Hkv: int = 8
+    D: int = 128
+
+    def label(self) -> str:
+        extra = "" if (self.Hq, self.Hkv, self.D) == (32, 8, 128) else f" Hq{self.Hq} D{self.D}"
+        return f"B{self.B} T{self.T}{extra}"
+
+
+def shape_set(quick: bool = False) -> list[Shape]:
+    shapes = [Shape(b, t) for b, t in MAIN]
+    shapes += [Shape(32, 4096, D=64), Shape(32, 4096, D=256), Shape(32, 4096, Hq=128)]
+    return [Shape(8, 8192), Shape(64, 8192)] if quick else shapes
+
+
+def _l2_bytes() -> int:
+    import cupy as cp
+
+    return int(cp.cuda.Device().attributes["L2CacheSize"])
+
+
+def time_ms(fn, reps: int, warmup: int = 3) -> float:
+    """Median milliseconds of fn(i) over reps runs, CUDA events on the current stream."""
+    import cupy as cp
+
+    for i in range(warmup):
+        fn(i)
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    times = []
+    for i in range(reps):
+        start.record()
+        fn(i)
+        stop.record()
+        stop.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, stop))
+    return float(np.median(times))
+
+
+def graph_ms(fn, reps: int) -> float | None:
+    """Median milliseconds of replaying a CUDA graph that captured fn(i) (None if capture
+    fails, e.g. on a CuPy without graph support)."""
+    import cupy as cp
+
+    stream = cp.cuda.Stream(non_blocking=True)
+    try:
+        with stream:
+            for i in range(3):  # warm: modules loaded, pool blocks cached, no alloc in capture
+                fn(i)
+            stream.synchronize()
+            stream.begin_capture()
+            fn(0)
+            graph = stream.end_capture()
+            ms = time_ms(lambda i: graph.launch(stream), reps)
+    except Exception as exc:  # report, don't hide: the row records None
+        print(f"  graph capture failed: {type(exc).__name__}: {exc}")
+        return None
+    return ms
+
+
+def copy_tbps() -> float:
+    import cupy as cp
+
+    n = 2**30  # 4 GiB of float32 each way
+    src = cp.ones(n, cp.float32)
+    dst = cp.empty_like(src)
+
+    def copy(i, dst=dst, src=src):
+        cp.copyto(dst, src)
+
+    ms = time_ms(copy, reps=10)
+    return 2 * n * 4 / (ms * 1e-3) / 1e12
+
+
+def _fill_layer(layer, n_slots: int, rng) -> None:
+    import cupy as cp
+
+    import kvkit
+
+    chunk = 1 << 16
+    for s in range(0, n_slots, chunk):
+        n = min(chunk, n_slots - s)
+        k = rng.standard_normal((n, layer.num_kv_heads, layer.head_dim), dtype=cp.float32)
+        kvkit.write_kv(layer, k.astype(cp.float16), k.astype(cp.float16),
+                       cp.arange(s, s + n, dtype=cp.int64))  # fmt: skip
+
+
+def build_decode_case(name: str, shape: Shape, rng):
+    """A cache holding B sequences of T tokens on shuffled pages, and its block tables."""
+    import cupy as cp
+
+    import kvkit
+
+    fmt = formats.get(name, shape.D)
+    pages = math.ceil(shape.T / BLOCK_SIZE)
+    cache = kvkit.PagedKVCache(fmt, 1, shape.Hkv, shape.B * pages, BLOCK_SIZE, backend="cuda")
+    layer = cache.layer(0)
+    if fmt.has_global_scales:  # data ~ N(0, 1): amax about 5
+        layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
+    _fill_layer(layer, shape.B * pages * BLOCK_SIZE, rng)
+    perm = np.random.default_rng(0).permutation(shape.B * pages).astype(np.int32)
+    return layer, cp.asarray(perm.reshape(shape.B, pages))
+
+
+def decode_bytes(fmt, shape: Shape) -> int:
+    cache = shape.B * shape.T * shape.Hkv * fmt.bytes_per_token_head
+    tables = shape.B * math.ceil(shape.T / BLOCK_SIZE) * 4
+    q_o = shape.B * shape.Hq * shape.D * (2 + 4)
+    return cache + tables + q_o
+
+
+def bench_decode(names, shapes, reps, copy_bw, graph=True):
+    import cupy as cp
+
+    import kvkit
+
+    try:
+        import torch
+        import torch.nn.functional as F
+    except Exception:  # torch is optional
+        torch = None
+    l2 = _l2_bytes()
+    rng = cp.random.RandomState(0)
+    rows = []
+    for shape in shapes:
+        lens = cp.full((shape.B,), shape.T, dtype=cp.int32)
+        q = rng.standard_normal((shape.B, shape.Hq, shape.D), dtype=cp.float32).astype(cp.float16)
+        sdpa = None
+        if torch is not None:
+            kv_bytes = 2 * shape.B * shape.Hkv * shape.T * shape.D * 2
+            n_rot = max(1, math.ceil(2 * l2 / kv_bytes))
+            dims = (shape.B, shape.Hkv, shape.T, shape.D)
+            ks = [torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(n_rot)]
+            qt = torch.randn(shape.B, shape.Hq, 1, shape.D, device="cuda", dtype=torch.float16)
+
+            def run_sdpa(i, qt=qt, ks=ks):
+                kv = ks[i % len(ks)]
+                F.scaled_dot_product_attention(qt, kv, kv, enable_gqa=True)
+
+            sdpa = round(time_ms(run_sdpa, reps), 4)
+            del ks, run_sdpa
+        for name in names:
+            fmt = formats.get(name, shape.D)
+            nbytes = decode_bytes(fmt, shape)
+            n_rot = max(1, math.ceil(2 * l2 / (nbytes - shape.B * shape.Hq * shape.D * 6)))
+            cases = [build_decode_case(name, shape, rng) for _ in range(n_rot)]
+
+            def run(i, q=q, cases=cases, lens=lens):
+                layer, tables = cases[i % len(cases)]
+                kvkit.decode(q, layer, tables, lens)
+
+            timings = [(False, time_ms(run, reps))]
+            if graph:
+                timings.append((True, graph_ms(run, reps)))
+            for is_graph, ms in timings:
+                if ms is None:
+                    continue
+                rows.append(
+                    dict(
+                        op="decode", format=name, B=shape.B, T=shape.T, Hq=shape.Hq,
+                        Hkv=shape.Hkv, D=shape.D, kvkit_ms=round(ms, 4), sdpa_fp16_ms=sdpa,
+                        bytes=nbytes, effective_TBps=round(nbytes / (ms * 1e-3) / 1e12, 3),
+                        copy_TBps=round(copy_bw, 3), graph=is_graph,
+                    )
+                )  # fmt: skip
+            print(f"decode {name:<20} {shape.label():<22} {timings[0][1]:8.3f} ms", flush=True)
+            del cases, run
+            cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def bench_write(names, reps, copy_bw, head_dim=128, num_kv_heads=8):
+    """write_kv of 4M token-heads (fp16 in) into a shuffled slot mapping."""
+    import cupy as cp
+
+    import kvkit
+
+    n = WRITE_TOKEN_HEADS // num_kv_heads
+    rng = cp.random.RandomState(1)
+    k = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
+    v = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
+    slots = cp.asarray(np.random.default_rng(1).permutation(n).astype(np.int64))
+    rows = []
+    for name in names:
+        fmt = formats.get(name, head_dim)
+        layer = kvkit.PagedKVCache(fmt, 1, num_kv_heads, n // BLOCK_SIZE, BLOCK_SIZE,
+                                   backend="cuda").layer(0)  # fmt: skip
+        if fmt.has_global_scales:
+            layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
+        ms = time_ms(lambda i, layer=layer: kvkit.write_kv(layer, k, v, slots), reps)
+        nbytes = n * num_kv_heads * (2 * head_dim * 2 + fmt.bytes_per_token_head) + n * 8
+        rows.append(
+            dict(
+                op="write", format=name, B=n, T=1, Hq=None, Hkv=num_kv_heads, D=head_dim,
+                kvkit_ms=round(ms, 4), sdpa_fp16_ms=None, bytes=nbytes,
+                effective_TBps=round(nbytes / (ms * 1e-3) / 1e12, 3),
+                copy_TBps=round(copy_bw, 3), graph=False,
+            )
+        )  # fmt: skip
+        print(f"write  {name:<20} {n * num_kv_heads} token-heads {ms:8.3f} ms", flush=True)
+        del layer
+        cp.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def print_table(rows) -> None:
+    print(f"\n{'op':<6} {'format':<19} {'shape':<22} {'graph':<5} {'ms':>8} {'sdpa ms':>8} "
+          f"{'TB/s':>6} {'%copy':>6} {'sdpa/kvkit':>10}")  # fmt: skip
+    for r in rows:
+        shape = f"B{r['B']} T{r['T']}" + ("" if r["D"] == 128 else f" D{r['D']}")
+        if r["Hq"] not in (None, 32):
+            shape += f" Hq{r['Hq']}"
+        sd = r["sdpa_fp16_ms"]
+        ratio = f"{sd / r['kvkit_ms']:.2f}x" if sd else "-"
+        print(
+            f"{r['op']:<6} {r['format']:<19} {shape:<22} {str(r['graph']):<5} "
+            f"{r['kvkit_ms']:>8.3f} {(sd if sd is not None else float('nan')):>8.3f} "
+            f"{r['effective_TBps']:>6.2f} {100 * r['effective_TBps'] / r['copy_TBps']:>6.1f} "
+            f"{ratio:>10}"
+        )
+
+
+def plot(rows, path: Path) -> bool:
+    """Decode time per format per shape (bars), the byte floor (ticks), SDPA fp16 (line)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        return False
+    dec = [r for r in rows if r["op"] == "decode" and not r["graph"]]
+    shapes = list(dict.fromkeys((r["B"], r["T"], r["Hq"], r["D"]) for r in dec))
+    names = list(dict.fromkeys(r["format"] for r in dec))
+    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes), 4.2), squeeze=False)
+    for ax, (b, t, hq, d) in zip(axes[0], shapes):
+        sel = {r["format"]: r for r in dec if (r["B"], r["T"], r["Hq"], r["D"]) == (b, t, hq, d)}
+        xs = np.arange(len(names))
+        ms = [sel[n]["kvkit_ms"] if n in sel else np.nan for n in names]
+        floor = [sel[n]["bytes"] / (sel[n]["copy_TBps"] * 1e12) * 1e3 if n in sel else np.nan
+                 for n in names]  # fmt: skip
+        ax.bar(xs, ms, color="tab:blue", label="kvkit decode")
+        ax.scatter(xs, floor, marker="_", s=300, color="black", label="bytes / copy bandwidth")
+        sd = next((r["sdpa_fp16_ms"] for r in sel.values() if r["sdpa_fp16_ms"]), None)
+        if sd:
+            ax.axhline(sd, color="tab:red", ls="--", label="torch SDPA fp16")
+        ax.set_yscale("log")
+        ax.set_xticks(xs, names, rotation=75, fontsize=7)
+        ax.set_title(f"B={b} T={t}" + ("" if (hq, d) == (32, 128) else f"\nHq={hq} D={d}"),
+                     fontsize=9)  # fmt: skip
+        ax.set_ylabel("ms" if ax is axes[0][0] else "")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="kvkit bench", description=__doc__.splitlines()[0])
+    add_arguments(ap)
+    return run(ap.parse_args(argv))
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--out", type=Path, default=Path("bench_out"), help="output folder")
+    ap.add_argument("--formats", default=",".join(formats.names()), help="comma-separated")
+    ap.add_argument("--reps", type=int, default=30, help="timed runs per point (median)")
+    ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timings")
+    ap.add_argument("--no-write", action="store_true", help="skip the write benchmark")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            raise RuntimeError("no CUDA device visible")
+    except Exception as exc:
+        print(f"kvkit bench needs CuPy and a CUDA GPU ({type(exc).__name__}: {exc})")
+        return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    names = [n for n in args.formats.split(",") if n]
+    copy_bw = copy_tbps()
+    print(f"device copy: {copy_bw:.2f} TB/s (read + write)")
+    rows = bench_decode(names, shape_set(args.quick), args.reps, copy_bw, graph=not args.no_graph)
+    if not args.no_write:
+        rows += bench_write(names, args.reps, copy_bw)
+    (args.out / "bench.json").write_text(json.dumps(rows, indent=1))
+    if plot(rows, args.out / "bench.png"):
+        print(f"plot: {args.out / 'bench.png'}")
+    print_table(rows)
+    return 0

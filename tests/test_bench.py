@@ -1,0 +1,55 @@
+"""kvkit bench: pieces that run without a GPU (byte model, shape set, table, plot)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvkit import bench, formats
+
+
+def test_shape_set_is_the_published_one():
+    shapes = bench.shape_set()
+    assert [(s.B, s.T) for s in shapes[:5]] == [
+        (1, 32768),
+        (8, 8192),
+        (32, 4096),
+        (64, 8192),
+        (1, 131072),
+    ]
+    assert {(s.Hq, s.Hkv, s.D) for s in shapes[5:]} == {(32, 8, 64), (32, 8, 256), (128, 8, 128)}
+
+
+def test_decode_byte_model_counts_planes_tables_q_and_o():
+    fmt = formats.get("turboquant_4bit_nc", 128)
+    # FACTS.md: the 4bit_nc floor at B=64, T=8192 is 562 MB of cache.
+    n = bench.decode_bytes(fmt, bench.Shape(64, 8192))
+    cache = 64 * 8192 * 8 * 134
+    assert cache == 562_036_736
+    assert n == cache + 64 * 512 * 4 + 64 * 32 * 128 * 6
+
+
+def test_table_and_plot_from_rows(tmp_path, capsys):
+    rows = [
+        dict(op="decode", format=f, B=8, T=8192, Hq=32, Hkv=8, D=128, kvkit_ms=ms,
+             sdpa_fp16_ms=0.07, bytes=10**8, effective_TBps=1.0, copy_TBps=4.0, graph=False)
+        for f, ms in (("fp16", 0.2), ("nvfp4", 0.1))
+    ]  # fmt: skip
+    bench.print_table(rows)
+    out = capsys.readouterr().out
+    assert "nvfp4" in out and "0.70x" in out
+    assert bench.plot(rows, tmp_path / "b.png")
+    assert (tmp_path / "b.png").stat().st_size > 1000
+
+
+def test_cli_without_a_gpu_says_why(capsys, monkeypatch):
+    import kvkit.cli
+
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            pytest.skip("a GPU is present: the real benchmark would run")
+    except Exception:
+        pass
+    assert kvkit.cli.main(["bench", "--out", "/tmp/kvkit_bench_test"]) == 2
+    assert "needs CuPy and a CUDA GPU" in capsys.readouterr().out
