@@ -369,9 +369,9 @@ def merge_states(o, lse):
         o (*batch, D), lse (*batch) float32, NumPy or device arrays like the inputs.
     """
     if is_device_array(o) or is_device_array(lse):
-        from .cuda import decode as cuda_decode
-
         import cupy
+
+        from .cuda import decode as cuda_decode
 
         def f32(x, name):
             arr, dtype = as_cupy(x, name)
