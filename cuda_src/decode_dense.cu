@@ -48,11 +48,14 @@ __device__ __forceinline__ float4 kv_dense_row4(const unsigned char* row, int d)
 }
 #endif
 
-__device__ __forceinline__ void kv_family_dequant4(const unsigned char* const* rows, int d,
-                                                   const float* table, float4& k, float4& v) {
-    (void)table;
-    k = kv_dense_row4(rows[0], d);
-    v = kv_dense_row4(rows[1], d);
+__device__ __forceinline__ float4 kv_family_k4(const unsigned char* const* rows, int d,
+                                               const float*) {
+    return kv_dense_row4(rows[0], d);
+}
+
+__device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows, int d,
+                                               const float*) {
+    return kv_dense_row4(rows[1], d);
 }
 
 #include "common/decode_core.cuh"
@@ -81,10 +84,13 @@ extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_de
     float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
+    float* __restrict__ o_out,     // (B, q_len, Hq, D) final o, or null: partial state only
+    float* __restrict__ lse_out,   // (B, q_len, Hq) final lse (with o_out; one split, no sinks)
     int* __restrict__ error_flag)  // (1,)
 {
     kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
                    p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
                    max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
-                   v_out_scale, split_stride, m_part, l_part, acc_part, error_flag);
+                   v_out_scale, split_stride, m_part, l_part, acc_part, o_out, lse_out,
+                   error_flag);
 }

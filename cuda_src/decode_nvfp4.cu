@@ -29,7 +29,8 @@
 
 #include "common/decode_codes.cuh"
 
-// Elements d..d+3 (d % 4 == 0, so one block scale) of one staged token row.
+// Elements d..d+3 (d % 4 == 0, so one block scale) of one staged token row (data rows are
+// 2-byte aligned in every staging mode: D / 2 is a multiple of 8).
 __device__ __forceinline__ float4 kv_nvfp4_row4(const unsigned char* data,
                                                 const unsigned char* sf, int d) {
     const unsigned w = *reinterpret_cast<const unsigned short*>(data + d / 2);
@@ -38,11 +39,14 @@ __device__ __forceinline__ float4 kv_nvfp4_row4(const unsigned char* data,
                        kv_dc_e2m1((w >> 8) & 0xFu) * s, kv_dc_e2m1((w >> 12) & 0xFu) * s);
 }
 
-__device__ __forceinline__ void kv_family_dequant4(const unsigned char* const* rows, int d,
-                                                   const float* table, float4& k, float4& v) {
-    (void)table;
-    k = kv_nvfp4_row4(rows[0], rows[1], d);
-    v = kv_nvfp4_row4(rows[2], rows[3], d);
+__device__ __forceinline__ float4 kv_family_k4(const unsigned char* const* rows, int d,
+                                               const float*) {
+    return kv_nvfp4_row4(rows[0], rows[1], d);
+}
+
+__device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows, int d,
+                                               const float*) {
+    return kv_nvfp4_row4(rows[2], rows[3], d);
 }
 
 #include "common/decode_core.cuh"
@@ -71,10 +75,13 @@ extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_de
     float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
+    float* __restrict__ o_out,     // (B, q_len, Hq, D) final o, or null: partial state only
+    float* __restrict__ lse_out,   // (B, q_len, Hq) final lse (with o_out; one split, no sinks)
     int* __restrict__ error_flag)  // (1,)
 {
     kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
                    p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
                    max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
-                   v_out_scale, split_stride, m_part, l_part, acc_part, error_flag);
+                   v_out_scale, split_stride, m_part, l_part, acc_part, o_out, lse_out,
+                   error_flag);
 }

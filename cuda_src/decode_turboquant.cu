@@ -29,8 +29,9 @@
 #define KV_FAMILY_TABLE_FLOATS 0
 
 __device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d, const float*) {
-    // FP8 keys occupy bytes [0, D) of the slot; d % 4 == 0 and staging rows are 16-byte
-    // aligned, so one 4-byte load.
+    // FP8 keys occupy bytes [0, D) of the slot; d % 4 == 0 and staging rows are 4-byte
+    // aligned (16 in the row modes; the k8v4 slot, 1.5 D + 4 bytes, is a multiple of 4 in
+    // the slab mode), so one 4-byte load.
     const unsigned w = *reinterpret_cast<const unsigned*>(row + d);
     return make_float4(kv_dc_e4m3(w & 0xFFu), kv_dc_e4m3((w >> 8) & 0xFFu),
                        kv_dc_e4m3((w >> 16) & 0xFFu), kv_dc_e4m3(w >> 24));
@@ -52,10 +53,10 @@ __device__ __forceinline__ void kv_family_init_table(float* table, int tid) {
 
 __device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d,
                                              const float* table) {
-    return make_float4(table[kv_dc_get_code<TQ_KEY_BITS>(row, d)],
-                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 1)],
-                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 2)],
-                       table[kv_dc_get_code<TQ_KEY_BITS>(row, d + 3)]);
+    constexpr unsigned M = (1u << TQ_KEY_BITS) - 1u;
+    const unsigned w = kv_dc_codes4<TQ_KEY_BITS>(row, d);
+    return make_float4(table[w & M], table[(w >> TQ_KEY_BITS) & M],
+                       table[(w >> (2 * TQ_KEY_BITS)) & M], table[(w >> (3 * TQ_KEY_BITS)) & M]);
 }
 
 // The stored key norm (already divided by ||c[idx]|| at write time).
@@ -64,17 +65,24 @@ __device__ __forceinline__ float kv_family_kmul(const unsigned char* const* rows
 }
 #endif
 
-__device__ __forceinline__ void kv_family_dequant4(const unsigned char* const* rows, int d,
-                                                   const float* table, float4& k, float4& v) {
+__device__ __forceinline__ float4 kv_family_k4(const unsigned char* const* rows, int d,
+                                               const float* table) {
+    return kv_tq_key4(rows[0], d, table);
+}
+
+__device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows, int d,
+                                               const float*) {
     const unsigned char* row = rows[0];
-    k = kv_tq_key4(row, d, table);
-    const unsigned char* vd = row + TQ_VALUE_OFFSET;
+    constexpr unsigned M = (1u << TQ_VALUE_BITS) - 1u;
+    const unsigned w = kv_dc_codes4<TQ_VALUE_BITS>(row + TQ_VALUE_OFFSET, d);
     const float sc = kv_dc_f16_at(row + TQ_VALUE_SCALE_OFFSET);
     const float z = kv_dc_f16_at(row + TQ_VALUE_ZERO_OFFSET);
-    v.x = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d), sc), z);
-    v.y = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 1), sc), z);
-    v.z = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 2), sc), z);
-    v.w = __fadd_rn(__fmul_rn((float)kv_dc_get_code<TQ_VALUE_BITS>(vd, d + 3), sc), z);
+    float4 v;
+    v.x = __fadd_rn(__fmul_rn((float)(w & M), sc), z);
+    v.y = __fadd_rn(__fmul_rn((float)((w >> TQ_VALUE_BITS) & M), sc), z);
+    v.z = __fadd_rn(__fmul_rn((float)((w >> (2 * TQ_VALUE_BITS)) & M), sc), z);
+    v.w = __fadd_rn(__fmul_rn((float)((w >> (3 * TQ_VALUE_BITS)) & M), sc), z);
+    return v;
 }
 
 #include "common/decode_core.cuh"
@@ -103,10 +111,13 @@ extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_de
     float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
     float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
+    float* __restrict__ o_out,     // (B, q_len, Hq, D) final o, or null: partial state only
+    float* __restrict__ lse_out,   // (B, q_len, Hq) final lse (with o_out; one split, no sinks)
     int* __restrict__ error_flag)  // (1,)
 {
     kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
                    p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
                    max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
-                   v_out_scale, split_stride, m_part, l_part, acc_part, error_flag);
+                   v_out_scale, split_stride, m_part, l_part, acc_part, o_out, lse_out,
+                   error_flag);
 }

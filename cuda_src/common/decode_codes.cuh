@@ -59,3 +59,27 @@ __device__ __forceinline__ unsigned kv_dc_get_code(const unsigned char* p, int i
 __device__ __forceinline__ float kv_dc_f16_at(const unsigned char* p) {
     return kv_dc_f16((unsigned short)(p[0] | (p[1] << 8)));
 }
+
+// Codes d..d+3 (d % 4 == 0) of an LSB-first BITS-bit stream at p, packed LSB-first into one
+// word (code i at bits [i*BITS, i*BITS+BITS)). Reads exactly the bytes that hold them (for
+// odd BITS the quad starts at bit 0 or 4 of a byte); 4-bit quads are one 2-byte load (p is
+// 2-byte aligned: TurboQuant slots and value offsets are even).
+template <int BITS>
+__device__ __forceinline__ unsigned kv_dc_codes4(const unsigned char* p, int d) {
+    static_assert(BITS >= 1 && BITS <= 8, "1..8-bit codes");
+    const int bit = d * BITS;
+    const int byte = bit >> 3;
+    if constexpr (BITS == 4) {
+        return *reinterpret_cast<const unsigned short*>(p + byte);
+    } else {
+        constexpr int NB = (((BITS & 1) ? 4 : 0) + 4 * BITS + 7) / 8;
+        unsigned long long w = 0ull;
+#pragma unroll
+        for (int i = 0; i < NB; ++i) w |= ((unsigned long long)p[byte + i]) << (8 * i);
+        const unsigned x = (unsigned)(w >> (bit & 7));
+        if constexpr (4 * BITS >= 32)
+            return x;
+        else
+            return x & ((1u << (4 * BITS)) - 1u);
+    }
+}

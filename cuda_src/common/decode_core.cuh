@@ -3,22 +3,32 @@
 // One CTA per (split, kv_head, batch) = (blockIdx.x, blockIdx.y, blockIdx.z) serves all
 // G = KV_GROUP query heads and all KV_Q_LEN queries of its KV head: R = G * q_len rows. The
 // CTA walks the tokens of its page-aligned split (kvkit.splits.page_range, paged.cuh) in
-// tiles of KVD_TILE tokens; per tile:
-//   (a) warp 0 looks the tile's pages up in the block table (bad entries: flag bit 2, the
-//       token is skipped);
-//   (b) every thread copies the tile's raw plane rows into shared staging (vector loads of
-//       the widest width the plane's alignment allows, chosen by the host per plane);
-//   (c) the tile is dequantized ONCE into float32 K and V tiles in shared memory (the family
-//       hook kv_family_dequant4; global scales are folded into the softmax scale for K and
-//       into v_out_scale for V, so the tiles hold e.g. e2m1 * sf only);
-//   (d) warp w computes the scores of rows w, w + 8, ... against the tile's 32 tokens (lane
-//       = token), masks (causal offsets, window, bad pages), soft-caps and updates the row's
-//       online-softmax state (m, l in registers of the owning warp, softmax_state.cuh);
-//   (e) every thread accumulates p * V for its (row set, 4 columns) in float32 registers.
+// tiles of KVD_TILE tokens through a STAGES-deep cp.async pipeline (the raw bytes of tile
+// i + STAGES - 1 are in flight while tile i is computed; the block-table entries of a tile
+// are read one tile earlier still, into a register, so no thread waits on them). Per tile:
+//   (a) scores: thread (token t, part k) dequantizes quads k, k + KSPLIT, ... of token t's
+//       key straight from the staged raw bytes (family hook kv_family_k4) and dots them with
+//       every query row (q in shared memory, broadcast reads); the KSPLIT partial dots meet
+//       by shuffles. Each key element is dequantized once per 16 rows, read once.
+//   (b) softmax: warp w owns rows w, w + 8, ...: masks (causal offsets, window, bad pages),
+//       soft-cap, online-softmax update (m, l in registers of the owning warp), p to shared.
+//   (c) PV: thread (4 columns, row group, token group) dequantizes its value quads once
+//       (kv_family_v4) and accumulates p * v for its rows in float32 registers; the token
+//       groups are summed once at the end of the split (shared memory), not per tile.
+// Global scales are folded into the softmax scale for K and into v_out_scale for V.
 // At the end the CTA writes its partial state (m, l, acc * v_out_scale) to the partial
 // buffers, whose split axis has stride split_stride (= kvkit.splits.MAX_SPLITS), so the grid
-// and buffers stay static. An empty split (or a bad seq_len: flag bit 4) writes
-// (m = -inf, l = 0, acc = 0). Stage 2 (decode_merge.cu) merges the splits and the sinks.
+// and buffers stay static; or, when the launcher passes o_out / lse_out (one split, no
+// sinks), the final o = acc * v_out_scale / l and lse = m + log(l) with stage 2's exact
+// arithmetic. An empty split (or a bad seq_len: flag bit 4) is (m = -inf, l = 0, acc = 0).
+//
+// Plane copies (per plane, chosen once per CTA from the host's load-width code): rows whose
+// width is a multiple of 16 with 16-byte aligned rows: 16-byte cp.async per row chunk into
+// padded staging rows (an odd number of 16-byte units, so the 8 tokens of a quarter-warp hit
+// different banks); token-contiguous planes of other widths (TurboQuant slots, NVFP4
+// scales) with a 16-byte aligned (page, head) slab: 16-byte cp.async of whole runs of
+// min(block_size, TILE) tokens into unpadded rows; anything else (strided or unaligned
+// views): synchronous loads of the widest width the alignment allows.
 //
 // An entry defines, before including this file:
 //   KV_NPLANES (1..4); KV_Pi_BYTES (row width in bytes of plane i) and KV_Pi_ELEM (bytes per
@@ -27,8 +37,9 @@
 //   TurboQuant norm); KV_ROTATE_Q (1: kv_family_q_sign(d) and an FWHT of the query rows,
 //   the TurboQuant rotation without its 1 / sqrt(D), which the host folds into scale);
 //   KV_FAMILY_TABLE_FLOATS and kv_family_init_table(float*, tid) (a shared table, e.g. the
-//   codebook); kv_family_dequant4(rows, d, table, k, v): elements d..d+3 of a token's K
-//   and V from its staged rows (rows[i] = staging row of plane i, 16-byte aligned).
+//   codebook); kv_family_k4(rows, d, table) / kv_family_v4(rows, d, table): elements
+//   d..d+3 (d % 4 == 0) of a token's K / V from its staged rows (rows[i] = staging row of
+//   plane i: 16-byte aligned in the row modes, only element-aligned in the slab mode).
 #pragma once
 
 #include "common/decode_codes.cuh"
@@ -68,10 +79,20 @@
 #define KV_P3_ELEM 1
 #endif
 
+
 // Register budget: ptxas left alone caps 256-thread kernels at 64 registers and spills; two
 // CTAs per SM (128 registers) hold the accumulators of R * D <= 2048 without spills, larger
 // row counts get the full 255 (one CTA per SM; their shared memory allows no more anyway).
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
+
+// Plane copy modes (kv_plane_mode).
+#define KVD_MODE_ROW16 0
+#define KVD_MODE_SLAB 1
+#define KVD_MODE_SYNC 2
+// Host load-width code: bits 0..4 the widest aligned width (16, 8, 4, 2, 1) of base and all
+// strides; KVD_SLAB_BIT set when token rows are contiguous (token stride == row width) and
+// base, block and head strides are 16-byte aligned (kvkit/cuda/decode.py _plane_args).
+#define KVD_SLAB_BIT 32
 
 namespace kvd {
 
@@ -81,47 +102,67 @@ constexpr int D4 = D / 4;
 // per-thread accumulator (R * D / 256 floats) in registers for every G * q_len we accept.
 constexpr int THREADS = 256;
 constexpr int NW = THREADS / KV_WARP;
-// One token per lane in the score phase, so a tile's max / sum are single warp reductions.
-constexpr int TILE = KV_WARP;
+// 64 tokens per tile: 4 threads per token in the score phase (every thread busy, 2 shuffle
+// steps per dot) and 3 barriers per 64 tokens. D = 512 rows would make a stage of fp16
+// staging 133 KB, so tiles of 32 tokens (8 threads per token) there.
+constexpr int TILE = D <= 256 ? 64 : 32;
+constexpr int KSPLIT = THREADS / TILE;  // threads per token in the score phase
+constexpr int TPW = KV_WARP / KSPLIT;   // tokens per warp in the score phase
+constexpr int KQ = D4 / KSPLIT;         // key quads per thread
 constexpr int G = KV_GROUP;
 constexpr int QL = KV_Q_LEN;
 constexpr int R = G * QL;
-constexpr int RW = (R + NW - 1) / NW;      // score rows per warp
-constexpr int RG = THREADS / D4;           // row groups of the PV phase
-constexpr int RPT = (R + RG - 1) / RG;     // PV rows per thread
-// Per-tile partial sums of p * v in registers (see phase (e)) while they fit beside acc.
+// Score rows per pass over a key: 16 dot accumulators in registers; more rows re-read the
+// key (only multi-query verify with G * q_len > 16 does).
+constexpr int RS = R < 16 ? R : 16;
+constexpr int RW = (R + NW - 1) / NW;  // softmax rows per warp
+constexpr int TPL = TILE / KV_WARP;    // softmax tokens per lane
+constexpr int NPV = THREADS / D4;      // PV thread slots per column quad
+// Row groups of the PV phase: about 4 rows per thread (16 accumulator floats), the rest of
+// the slots split the tile's tokens (token groups), so each value quad is dequantized by
+// RG threads only (once for R <= 4).
+constexpr int RG = ((R + 3) / 4) < NPV ? ((R + 3) / 4) : NPV;
+constexpr int TGN = NPV / RG;            // token groups
+constexpr int RPT = (R + RG - 1) / RG;   // PV rows per thread
+// Per-tile partial sums of p * v in registers (phase (c)) while they fit beside acc.
 constexpr bool TWO_LEVEL = RPT <= 8;
-// K tile rows padded by one float4: the 8 lanes of a quarter-warp reading 8 different
-// tokens at the same column then hit 8 different 16-byte bank groups (D4 + 1 is odd).
-constexpr int KSTR4 = D4 + 1;
-// P rows padded by one float: PV threads of one warp may read two rows at the same token.
+// Score / p rows padded by one float: PV threads of one warp may read two rows.
 constexpr int PSTR = TILE + 1;
 
 static_assert(D % 16 == 0, "head_dim must be a multiple of 16");
 static_assert(D4 <= THREADS, "head_dim too large for one CTA");
+static_assert(D4 % KSPLIT == 0, "key quads must split evenly over a token's threads");
+static_assert(TILE % KV_WARP == 0 && TPW >= 1, "tile layout");
 // The launcher rejects larger G * q_len with a ValueError (kvkit/cuda/decode.py).
 static_assert(RW <= 16 && RPT <= 16, "G * q_len too large for the register accumulators");
 
 __host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
+// Staging row of a row-mode plane: whole 16-byte units, an odd count of them.
+__host__ __device__ constexpr int wpad(int w) {
+    return w == 0 ? 0 : (((a16(w) / 16) & 1) ? a16(w) : a16(w) + 16);
+}
+constexpr int WP0 = wpad(KV_P0_BYTES);
+constexpr int WP1 = wpad(KV_P1_BYTES);
+constexpr int WP2 = wpad(KV_P2_BYTES);
+constexpr int WP3 = wpad(KV_P3_BYTES);
+constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
+// Pipeline depth: as many stages as fit 72 KB (2..4). Two CTAs per SM then keep 35-70 KB of
+// copies in flight per SM (Little's law at ~4.8 TB/s / 132 SMs x ~1 us needs ~36 KB) and
+// their shared memory still fits an H200 SM (228 KB) for every D <= 128 format.
+constexpr int STAGES_FIT = (72 * 1024) / STAGE_BYTES;
+constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
+constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
+constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
+constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
 
 constexpr int OFF_Q = 0;
-constexpr int OFF_K = OFF_Q + a16(R * D * 4);
-constexpr int OFF_V = OFF_K + a16(TILE * KSTR4 * 16);
-constexpr int OFF_P = OFF_V + a16(TILE * D * 4);
+constexpr int OFF_P = OFF_Q + a16(R * D * 4);
 constexpr int OFF_A = OFF_P + a16(R * PSTR * 4);
-constexpr int OFF_KM = OFF_A + a16(R * 4);
-constexpr int OFF_TP = OFF_KM + a16(TILE * 4);
-constexpr int OFF_TO = OFF_TP + a16(TILE * 4);
-constexpr int OFF_TAB = OFF_TO + a16(TILE * 4);
-constexpr int WP0 = a16(KV_P0_BYTES);
-constexpr int WP1 = a16(KV_P1_BYTES);
-constexpr int WP2 = a16(KV_P2_BYTES);
-constexpr int WP3 = a16(KV_P3_BYTES);
-constexpr int OFF_S0 = OFF_TAB + a16(KV_FAMILY_TABLE_FLOATS * 4);
-constexpr int OFF_S1 = OFF_S0 + TILE * WP0;
-constexpr int OFF_S2 = OFF_S1 + TILE * WP1;
-constexpr int OFF_S3 = OFF_S2 + TILE * WP2;
-constexpr int SMEM = OFF_S3 + TILE * WP3;
+constexpr int OFF_ML = OFF_A + a16(R * 4);
+constexpr int OFF_TP = OFF_ML + a16(2 * R * 4);
+constexpr int OFF_TAB = OFF_TP + a16(NP * TILE * 4);
+constexpr int OFF_STG = OFF_TAB + a16(KV_FAMILY_TABLE_FLOATS * 4);
+constexpr int SMEM = OFF_STG + STG_BYTES;
 
 }  // namespace kvd
 
@@ -143,6 +184,29 @@ __device__ __forceinline__ float kv_load_q(const void* q, long long idx) {
 #endif
 }
 
+__device__ __forceinline__ unsigned kv_smem_addr(const void* p) {
+    unsigned r;
+    asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
+    return r;
+}
+
+// 16 bytes global -> shared without a register round trip (sm_80+; .cg: L2 only, the bytes
+// are read once).
+__device__ __forceinline__ void kv_cp_async16(void* dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kv_smem_addr(dst)),
+                 "l"(src)
+                 : "memory");
+}
+
+__device__ __forceinline__ void kv_cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+template <int N>
+__device__ __forceinline__ void kv_cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 template <int C>
 __device__ __forceinline__ void kv_copy_chunk(unsigned char* dst, const unsigned char* src) {
     if constexpr (C == 16) {
@@ -159,62 +223,113 @@ __device__ __forceinline__ void kv_copy_chunk(unsigned char* dst, const unsigned
     }
 }
 
-// Copy the tile's rows of one plane (W bytes per row) into staging rows of a16(W) bytes,
-// C bytes per load. Tokens without a valid page (tp[t] < 0) are not read.
-template <int W, int C>
-__device__ __forceinline__ void kv_copy_rows(unsigned char* stage, const unsigned char* base,
-                                             long long sb, long long sh, long long st,
-                                             int elem, int kvh, const int* tp, const int* to,
-                                             int n_tile) {
+// Synchronous fallback: the tile's rows of one plane (W bytes per row) into staging rows of
+// WP bytes, C bytes per load. Tokens without a valid page (tp[t] < 0) are not read.
+template <int W, int WP, int C>
+__device__ __forceinline__ void kv_copy_rows_sync(unsigned char* stage, const unsigned char* base,
+                                                  long long sb, long long sh, long long st,
+                                                  int elem, int kvh, const int* tp, int t0,
+                                                  int n_tile, int block_size) {
     constexpr int NCH = W / C;
-    constexpr int WP = kvd::a16(W);
     const long long head_off = (long long)kvh * sh;
-    // Not unrolled: a 16-byte copy is at most a couple of items per thread, and unrolled
-    // copies of five widths x four planes only cost registers.
 #pragma unroll 1
     for (int item = threadIdx.x; item < n_tile * NCH; item += kvd::THREADS) {
         const int t = item / NCH;
         const int ch = item - t * NCH;
         const int page = tp[t];
         if (page < 0) continue;
-        const long long off = ((long long)page * sb + head_off + (long long)to[t] * st) * elem;
-        kv_copy_chunk<C>(stage + t * WP + ch * C, base + off + ch * C);
+        const int off = (t0 + t) % block_size;
+        const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
+        kv_copy_chunk<C>(stage + t * WP + ch * C, base + o + ch * C);
     }
 }
 
-// vec: the largest load width (16, 8, 4, 2, 1) that the plane's base pointer and strides
-// allow (host side); a width that does not divide the row is stepped down here.
+// Copy mode of one plane for this launch (uniform over the grid).
 template <int W>
-__device__ __forceinline__ void kv_copy_plane(unsigned char* stage, const unsigned char* base,
-                                              long long sb, long long sh, long long st,
-                                              int elem, int vec, int kvh, const int* tp,
-                                              const int* to, int n_tile) {
+__device__ __forceinline__ int kv_plane_mode(int vec, int block_size) {
+    if constexpr (W == 0) {
+        return KVD_MODE_SYNC;
+    } else {
+        if (W % 16 == 0 && (vec & 31) >= 16) return KVD_MODE_ROW16;
+        const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
+        const bool runs = (kvd::TILE % block_size == 0) || (block_size % kvd::TILE == 0);
+        if ((vec & KVD_SLAB_BIT) && runs && ((long long)sc * W) % 16 == 0) return KVD_MODE_SLAB;
+        return KVD_MODE_SYNC;
+    }
+}
+
+// Issue (or, in the fallback, perform) the copies of one plane for the tile starting at
+// token t0 (n_tile tokens, pages tp[0..n_tile)) into stage.
+template <int W, int WP>
+__device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsigned char* base,
+                                               long long sb, long long sh, long long st,
+                                               int elem, int vec, int mode, int kvh,
+                                               const int* tp, int t0, int n_tile,
+                                               int block_size) {
     if constexpr (W > 0) {
-        if constexpr (W % 16 == 0) {
-            if (vec >= 16) {
-                kv_copy_rows<W, 16>(stage, base, sb, sh, st, elem, kvh, tp, to, n_tile);
-                return;
+        const long long head_off = (long long)kvh * sh;
+        if (mode == KVD_MODE_ROW16) {
+            constexpr int NCH = W / 16;
+#pragma unroll 1
+            for (int item = threadIdx.x; item < n_tile * NCH; item += kvd::THREADS) {
+                const int t = item / NCH;
+                const int ch = item - t * NCH;
+                const int page = tp[t];
+                if (page < 0) continue;
+                const int off = (t0 + t) % block_size;
+                const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
+                kv_cp_async16(stage + t * WP + ch * 16, base + o + ch * 16);
             }
-        }
-        if constexpr (W % 8 == 0) {
-            if (vec >= 8) {
-                kv_copy_rows<W, 8>(stage, base, sb, sh, st, elem, kvh, tp, to, n_tile);
-                return;
+        } else if (mode == KVD_MODE_SLAB) {
+            // Runs of sc tokens lie in one page (t0 is a multiple of sc from a page start)
+            // and are sc * W contiguous bytes, a multiple of 16.
+            const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
+            const int pieces = sc * W / 16;
+            const int n_runs = (n_tile + sc - 1) / sc;
+#pragma unroll 1
+            for (int item = threadIdx.x; item < n_runs * pieces; item += kvd::THREADS) {
+                const int j = item / pieces;
+                const int pc = item - j * pieces;
+                const int t = j * sc;
+                const int page = tp[t];
+                if (page < 0) continue;
+                const int off = (t0 + t) % block_size;
+                const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
+                kv_cp_async16(stage + t * W + pc * 16, base + o + pc * 16);
             }
-        }
-        if constexpr (W % 4 == 0) {
-            if (vec >= 4) {
-                kv_copy_rows<W, 4>(stage, base, sb, sh, st, elem, kvh, tp, to, n_tile);
-                return;
+        } else {
+            const int v = vec & 31;
+            if constexpr (W % 16 == 0) {
+                if (v >= 16) {
+                    kv_copy_rows_sync<W, WP, 16>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                                                 n_tile, block_size);
+                    return;
+                }
             }
-        }
-        if constexpr (W % 2 == 0) {
-            if (vec >= 2) {
-                kv_copy_rows<W, 2>(stage, base, sb, sh, st, elem, kvh, tp, to, n_tile);
-                return;
+            if constexpr (W % 8 == 0) {
+                if (v >= 8) {
+                    kv_copy_rows_sync<W, WP, 8>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                                                n_tile, block_size);
+                    return;
+                }
             }
+            if constexpr (W % 4 == 0) {
+                if (v >= 4) {
+                    kv_copy_rows_sync<W, WP, 4>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                                                n_tile, block_size);
+                    return;
+                }
+            }
+            if constexpr (W % 2 == 0) {
+                if (v >= 2) {
+                    kv_copy_rows_sync<W, WP, 2>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                                                n_tile, block_size);
+                    return;
+                }
+            }
+            kv_copy_rows_sync<W, WP, 1>(stage, base, sb, sh, st, elem, kvh, tp, t0, n_tile,
+                                        block_size);
         }
-        kv_copy_rows<W, 1>(stage, base, sb, sh, st, elem, kvh, tp, to, n_tile);
     }
 }
 
@@ -232,6 +347,13 @@ __device__ __forceinline__ float kv_dot4(const float4& a, const float4& b, float
     return fmaf(a.w, b.w, acc);
 }
 
+// Page of token tok of sequence b, or -1 (bad entry: *bad = true).
+__device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
+    if (kv_page_ok(e, num_blocks)) return e;
+    *bad = true;
+    return -1;
+}
+
 // The stage-1 body; every entry's extern "C" kernel forwards its parameters here.
 // Parameter shapes: see the kernels in decode_dense.cu (identical for every family).
 __device__ __forceinline__ void kv_stage1_body(
@@ -247,25 +369,18 @@ __device__ __forceinline__ void kv_stage1_body(
     const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
     int num_blocks, int block_size, int window, float scale, float softcap, float v_out_scale,
     int split_stride, float* __restrict__ m_part, float* __restrict__ l_part,
-    float* __restrict__ acc_part, int* __restrict__ error_flag) {
+    float* __restrict__ acc_part, float* __restrict__ o_out, float* __restrict__ lse_out,
+    int* __restrict__ error_flag) {
     using namespace kvd;
     extern __shared__ __align__(16) unsigned char kv_smem[];
     float* q_s = reinterpret_cast<float*>(kv_smem + OFF_Q);
     const float4* q_s4 = reinterpret_cast<const float4*>(kv_smem + OFF_Q);
-    float4* k_s4 = reinterpret_cast<float4*>(kv_smem + OFF_K);
-    float4* v_s4 = reinterpret_cast<float4*>(kv_smem + OFF_V);
     float* p_s = reinterpret_cast<float*>(kv_smem + OFF_P);
     float* a_s = reinterpret_cast<float*>(kv_smem + OFF_A);
-#if KV_HAS_KMUL
-    float* km_s = reinterpret_cast<float*>(kv_smem + OFF_KM);
-#endif
-    int* tp_s = reinterpret_cast<int*>(kv_smem + OFF_TP);
-    int* to_s = reinterpret_cast<int*>(kv_smem + OFF_TO);
+    float* ml_s = reinterpret_cast<float*>(kv_smem + OFF_ML);
+    int* tp_ring = reinterpret_cast<int*>(kv_smem + OFF_TP);
     float* tab_s = reinterpret_cast<float*>(kv_smem + OFF_TAB);
-    unsigned char* st0 = kv_smem + OFF_S0;
-    unsigned char* st1 = kv_smem + OFF_S1;
-    unsigned char* st2 = kv_smem + OFF_S2;
-    unsigned char* st3 = kv_smem + OFF_S3;
+    unsigned char* stg = kv_smem + OFF_STG;
     (void)tab_s;
 
     const int split = blockIdx.x;
@@ -292,12 +407,28 @@ __device__ __forceinline__ void kv_stage1_body(
             const long long hi = (long long)end * block_size;
             t_hi = hi < seq_len ? (int)hi : seq_len;
             if (window > 0) {
-                // No query sees a token before (seq_len - q_len) - window + 1.
+                // No query sees a token before (seq_len - q_len) - window + 1. Start at that
+                // token's page, so tiles stay page-aligned (the masks drop the rest).
                 const long long w_lo = (long long)seq_len - QL - window + 1;
-                if (w_lo > t_lo) t_lo = (int)w_lo;
+                if (w_lo > t_lo) t_lo = (int)(w_lo - w_lo % block_size);
+                if (t_lo > t_hi) t_lo = t_hi;
             }
         }
     }
+    const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
+
+    // Copy modes and staging row strides of the planes (uniform).
+    const int md0 = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
+    const int md1 = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
+    const int md2 = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
+    const int md3 = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
+    const int rs0 = md0 == KVD_MODE_SLAB ? KV_P0_BYTES : WP0;
+    const int rs1 = md1 == KVD_MODE_SLAB ? KV_P1_BYTES : WP1;
+    const int rs2 = md2 == KVD_MODE_SLAB ? KV_P2_BYTES : WP2;
+    const int rs3 = md3 == KVD_MODE_SLAB ? KV_P3_BYTES : WP3;
+    constexpr int SO1 = TILE * WP0;
+    constexpr int SO2 = SO1 + TILE * WP1;
+    constexpr int SO3 = SO2 + TILE * WP2;
 
     float4 acc[RPT];
 #pragma unroll
@@ -309,8 +440,58 @@ __device__ __forceinline__ void kv_stage1_body(
         m_r[j] = kv_neg_inf();
         l_r[j] = 0.f;
     }
+    // PV thread slot (phase (c)).
+    const int pv_c = tid % D4;
+    const int pv_slot = tid / D4;
+    const int pv_rg = pv_slot % RG;
+    const int pv_tg = pv_slot / RG;
+    const bool pv_on = pv_slot < RG * TGN;
 
-    if (t_lo < t_hi) {  // uniform over the CTA
+    if (n_tiles > 0) {  // uniform over the CTA
+        const long long bt_row = (long long)b * max_blocks;
+        // Page of token t (t < TILE) of tile j, read from the block table: -1 past the tile
+        // or for a bad entry (flag bit 2). Only pages of tokens < t_hi are ever looked up.
+        auto tile_entry = [&](int j, int t, bool* live) -> int {
+            const int tok = t_lo + j * TILE + t;
+            *live = j < n_tiles && tok < t_hi;
+            return *live ? block_tables[bt_row + tok / block_size] : 0;
+        };
+        auto store_page = [&](int j, int e, bool live) {
+            bool bad = false;
+            const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
+            tp_ring[(j % NP) * TILE + tid] = page;
+            if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        };
+        auto issue = [&](int j) {
+            if (j < n_tiles) {
+                const int t0 = t_lo + j * TILE;
+                const int n_tile = min(TILE, t_hi - t0);
+                const int* tp = tp_ring + (j % NP) * TILE;
+                unsigned char* s = stg + (j % STAGES) * STAGE_BYTES;
+                kv_issue_plane<KV_P0_BYTES, WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
+                                                 md0, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P1_BYTES, WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
+                                                 p1_vec, md1, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P2_BYTES, WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
+                                                 p2_vec, md2, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P3_BYTES, WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
+                                                 p3_vec, md3, kvh, tp, t0, n_tile, block_size);
+            }
+            kv_cp_async_commit();  // one group per tile slot, empty or not: uniform counting
+        };
+
+        // --- prologue: pages of tiles 0 .. STAGES - 1, copies of tiles 0 .. STAGES - 2 ----
+        int pf_e = 0;
+        bool pf_live = false;
+        if (tid < TILE) {
+#pragma unroll 1
+            for (int j = 0; j < STAGES; ++j) {
+                bool live;
+                const int e = tile_entry(j, tid, &live);
+                store_page(j, e, live);
+            }
+            pf_e = tile_entry(STAGES, tid, &pf_live);
+        }
         // --- queries (and the TurboQuant rotation) --------------------------------------
         for (int idx = tid; idx < R * D; idx += THREADS) {
             const int r = idx / D;
@@ -329,8 +510,11 @@ __device__ __forceinline__ void kv_stage1_body(
         kv_family_init_table(tab_s, tid);
 #endif
         __syncthreads();
+#pragma unroll 1
+        for (int j = 0; j < STAGES - 1; ++j) issue(j);
 #if KV_ROTATE_Q
-        // Unnormalized FWHT of every query row (stages h = 1, 2, ..., D/2), in place.
+        // Unnormalized FWHT of every query row (stages h = 1, 2, ..., D/2), in place; the
+        // first tiles' copies are already in flight.
         for (int h = 1; h < D; h <<= 1) {
             for (int p = tid; p < R * (D / 2); p += THREADS) {
                 const int r = p / (D / 2);
@@ -346,124 +530,122 @@ __device__ __forceinline__ void kv_stage1_body(
         }
 #endif
 
-        for (int t0 = t_lo; t0 < t_hi; t0 += TILE) {
-            const int n_tile = min(TILE, t_hi - t0);
+        // Score-phase thread: token sc_t of the tile, key quads sc_k + KSPLIT * c.
+        const int sc_t = warp * TPW + (lane % TPW);
+        const int sc_k = lane / TPW;
 
-            // (a) pages of the tile's tokens
-            if (warp == 0) {
-                int page = -1;
-                int off = 0;
-                bool bad = false;
-                if (lane < n_tile) {
-                    const int tok = t0 + lane;
-                    const int pi = tok / block_size;
-                    off = tok - pi * block_size;
-                    const int e = block_tables[(long long)b * max_blocks + pi];
-                    if (kv_page_ok(e, num_blocks))
-                        page = e;
-                    else
-                        bad = true;
-                }
-                tp_s[lane] = page;
-                to_s[lane] = off;
-                const unsigned bad_mask = __ballot_sync(KV_FULL_MASK, bad);
-                if (bad_mask != 0u && lane == 0) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
-            }
-            __syncthreads();
-
-            // (b) raw rows -> staging
-            kv_copy_plane<KV_P0_BYTES>(st0, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec, kvh,
-                                       tp_s, to_s, n_tile);
-            kv_copy_plane<KV_P1_BYTES>(st1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, p1_vec, kvh,
-                                       tp_s, to_s, n_tile);
-            kv_copy_plane<KV_P2_BYTES>(st2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, p2_vec, kvh,
-                                       tp_s, to_s, n_tile);
-            kv_copy_plane<KV_P3_BYTES>(st3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, p3_vec, kvh,
-                                       tp_s, to_s, n_tile);
-            __syncthreads();
-
-            // (c) dequantize the tile once: float32 K (rows padded) and V; skipped tokens
-            // are zeros so that p = 0 never meets a NaN / inf of garbage staging bytes.
 #pragma unroll 1
-            for (int e = tid; e < TILE * D4; e += THREADS) {
-                const int t = e / D4;
-                const int c = e - t * D4;
-                float4 kk = make_float4(0.f, 0.f, 0.f, 0.f);
-                float4 vv = kk;
-                const bool live = t < n_tile && tp_s[t] >= 0;
-                const unsigned char* rows[4] = {st0 + t * WP0, st1 + t * WP1, st2 + t * WP2,
-                                                st3 + t * WP3};
-                if (live) kv_family_dequant4(rows, 4 * c, tab_s, kk, vv);
-                k_s4[t * KSTR4 + c] = kk;
-                v_s4[t * D4 + c] = vv;
-#if KV_HAS_KMUL
-                if (c == 0) km_s[t] = live ? kv_family_kmul(rows) : 0.f;
-#endif
-            }
+        for (int i = 0; i < n_tiles; ++i) {
+            // Tile i's copies are complete (later tiles' groups may still fly); the barrier
+            // also ends every read of iteration i - 1 (its stage, page slot, p_s, a_s).
+            kv_cp_async_wait<STAGES - 2>();
             __syncthreads();
+            issue(i + STAGES - 1);
+            if (tid < TILE) {
+                store_page(i + STAGES, pf_e, pf_live);  // the slot of tile i - 1
+                pf_e = tile_entry(i + STAGES + 1, tid, &pf_live);
+            }
 
-            // (d) scores and online softmax; warp w owns rows w, w + NW, ...
-            if (warp < R) {
-                float dot[RW];
-#pragma unroll
-                for (int j = 0; j < RW; ++j) dot[j] = 0.f;
-#pragma unroll 4
-                for (int c = 0; c < D4; ++c) {
-                    const float4 kk = k_s4[lane * KSTR4 + c];
-#pragma unroll
-                    for (int j = 0; j < RW; ++j) {
-                        const int r = warp + NW * j;
-                        if (r < R) dot[j] = kv_dot4(q_s4[r * D4 + c], kk, dot[j]);
-                    }
-                }
-                const int tok = t0 + lane;
-                const bool tok_ok = lane < n_tile && tp_s[lane] >= 0;
+            const int t0 = t_lo + i * TILE;
+            const int n_tile = min(TILE, t_hi - t0);
+            const int* tp = tp_ring + (i % NP) * TILE;
+            const unsigned char* s = stg + (i % STAGES) * STAGE_BYTES;
+
+            // (a) scores: dot(q_r, k_t) (times the family's per-token factor) -> p_s
+            {
+                const unsigned char* rows[4] = {s + sc_t * rs0, s + SO1 + sc_t * rs1,
+                                                s + SO2 + sc_t * rs2, s + SO3 + sc_t * rs3};
 #if KV_HAS_KMUL
-                const float kmul = km_s[lane];
+                const float kmul = kv_family_kmul(rows);
 #endif
+#pragma unroll 1
+                for (int r0 = 0; r0 < R; r0 += RS) {
+                    float dot[RS];
 #pragma unroll
-                for (int j = 0; j < RW; ++j) {
-                    const int r = warp + NW * j;
-                    if (r < R) {
-                        const int pos = seq_len - QL + r / G;
-                        const bool vis =
-                            tok_ok && tok <= pos && (window <= 0 || tok > pos - window);
-                        float s = kv_neg_inf();
-                        if (vis) {
-#if KV_HAS_KMUL
-                            s = (dot[j] * kmul) * scale;
-#else
-                            s = dot[j] * scale;
-#endif
-                            if (softcap > 0.f) s = softcap * tanhf(s / softcap);
+                    for (int j = 0; j < RS; ++j) dot[j] = 0.f;
+#pragma unroll 2
+                    for (int c = 0; c < KQ; ++c) {
+                        const int e4 = sc_k + KSPLIT * c;
+                        const float4 kk = kv_family_k4(rows, 4 * e4, tab_s);
+#pragma unroll
+                        for (int j = 0; j < RS; ++j) {
+                            if (r0 + j < R) dot[j] = kv_dot4(q_s4[(r0 + j) * D4 + e4], kk, dot[j]);
                         }
-                        const KvOnlineStep stp = kv_online_step(m_r[j], kv_warp_max(s));
-                        const float p = vis ? kv_online_p(s, stp) : 0.f;
-                        const float p_sum = kv_warp_sum(p);
-                        l_r[j] = l_r[j] * stp.alpha + p_sum;
-                        m_r[j] = stp.m_new;
-                        p_s[r * PSTR + lane] = p;
-                        if (lane == 0) a_s[r] = stp.alpha;
+                    }
+#pragma unroll
+                    for (int j = 0; j < RS; ++j) {
+#pragma unroll
+                        for (int off = TPW; off < KV_WARP; off <<= 1)
+                            dot[j] += __shfl_xor_sync(KV_FULL_MASK, dot[j], off);
+                    }
+                    if (sc_k == 0) {
+#pragma unroll
+                        for (int j = 0; j < RS; ++j) {
+                            if (r0 + j < R) {
+#if KV_HAS_KMUL
+                                p_s[(r0 + j) * PSTR + sc_t] = dot[j] * kmul;
+#else
+                                p_s[(r0 + j) * PSTR + sc_t] = dot[j];
+#endif
+                            }
+                        }
                     }
                 }
             }
             __syncthreads();
 
-            // (e) acc = acc * alpha + sum_t p_t v_t for this thread's rows and 4 columns. The
-            // tile's sum is formed first and then added (two-level sums, as the CPU path),
-            // so float32 error grows with the number of tiles, not of tokens (a 100k-token
-            // split is 3125 additions per element, not 100k); row counts whose tile sums
-            // would not fit the registers accumulate directly.
-            if (tid < RG * D4) {
-                const int c = tid % D4;
-                const int rg = tid / D4;
+            // (b) masks and online softmax; warp w owns rows w, w + NW, ...
+#pragma unroll
+            for (int j = 0; j < RW; ++j) {
+                const int r = warp + NW * j;
+                if (r < R) {
+                    const int pos = seq_len - QL + r / G;
+                    float sv[TPL];
+                    bool vis[TPL];
+                    float mx = kv_neg_inf();
+#pragma unroll
+                    for (int u = 0; u < TPL; ++u) {
+                        const int t = lane + KV_WARP * u;
+                        const int tok = t0 + t;
+                        vis[u] = t < n_tile && tp[t] >= 0 && tok <= pos &&
+                                 (window <= 0 || tok > pos - window);
+                        float sx = kv_neg_inf();
+                        if (vis[u]) {
+                            sx = p_s[r * PSTR + t] * scale;
+                            if (softcap > 0.f) sx = softcap * tanhf(sx / softcap);
+                        }
+                        sv[u] = sx;
+                        mx = fmaxf(mx, sx);
+                    }
+                    const KvOnlineStep stp = kv_online_step(m_r[j], kv_warp_max(mx));
+                    float psum = 0.f;
+#pragma unroll
+                    for (int u = 0; u < TPL; ++u) {
+                        const float p = vis[u] ? kv_online_p(sv[u], stp) : 0.f;
+                        p_s[r * PSTR + lane + KV_WARP * u] = p;
+                        psum += p;
+                    }
+                    psum = kv_warp_sum(psum);
+                    l_r[j] = l_r[j] * stp.alpha + psum;
+                    m_r[j] = stp.m_new;
+                    if (lane == 0) a_s[r] = stp.alpha;
+                }
+            }
+            __syncthreads();
+
+            // (c) acc = acc * alpha + sum_t p_t v_t over this thread's rows, 4 columns and
+            // token group. The tile's sum is formed first and then added (two-level sums, as
+            // the CPU path), so float32 error grows with the number of tiles, not of tokens;
+            // row counts whose tile sums would not fit the registers accumulate directly.
+            // Tokens without a valid page are skipped (their staging bytes are garbage).
+            if (pv_on) {
                 float4 part[TWO_LEVEL ? RPT : 1];
 #pragma unroll
                 for (int j = 0; j < (TWO_LEVEL ? RPT : 1); ++j)
                     part[j] = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
                 for (int j = 0; j < RPT; ++j) {
-                    const int r = rg + RG * j;
+                    const int r = pv_rg + RG * j;
                     if (r < R) {
                         const float a = a_s[r];
                         acc[j].x *= a;
@@ -472,11 +654,15 @@ __device__ __forceinline__ void kv_stage1_body(
                         acc[j].w *= a;
                     }
                 }
-                for (int t = 0; t < n_tile; ++t) {
-                    const float4 vv = v_s4[t * D4 + c];
+#pragma unroll 2
+                for (int t = pv_tg; t < n_tile; t += TGN) {
+                    if (tp[t] < 0) continue;
+                    const unsigned char* rows[4] = {s + t * rs0, s + SO1 + t * rs1,
+                                                    s + SO2 + t * rs2, s + SO3 + t * rs3};
+                    const float4 vv = kv_family_v4(rows, 4 * pv_c, tab_s);
 #pragma unroll
                     for (int j = 0; j < RPT; ++j) {
-                        const int r = rg + RG * j;
+                        const int r = pv_rg + RG * j;
                         if (r < R) {
                             if constexpr (TWO_LEVEL)
                                 kv_fma4(part[j], p_s[r * PSTR + t], vv);
@@ -495,13 +681,39 @@ __device__ __forceinline__ void kv_stage1_body(
                     }
                 }
             }
-            // The next tile's first write to shared memory that this tile still reads
-            // (k_s / v_s in (c), p_s / a_s in (d)) comes after its barriers (a) and (b).
         }
+        // No copy may still target the staging that the token-group sums reuse below.
+        kv_cp_async_wait<0>();
     }
 
-    // --- partial state out: row (b, i, h) at [((b * q_len + i) * Hq + h) * split_stride + split]
-    if (warp < R && lane == 0) {
+    // --- row totals of (m, l) to shared, token-group partial sums to the staging area ---
+    if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < RW; ++j) {
+            const int r = warp + NW * j;
+            if (r < R) {
+                ml_s[2 * r] = m_r[j];
+                ml_s[2 * r + 1] = l_r[j];
+            }
+        }
+    }
+    float* red = reinterpret_cast<float*>(stg);
+    __syncthreads();  // every read of the staging (phase (c)) is done; ml_s visible
+    if constexpr (TGN > 1) {
+        if (pv_on && pv_tg > 0) {
+#pragma unroll
+            for (int j = 0; j < RPT; ++j) {
+                const int r = pv_rg + RG * j;
+                if (r < R)
+                    reinterpret_cast<float4*>(red + ((pv_tg - 1) * R + r) * D)[pv_c] = acc[j];
+            }
+        }
+        __syncthreads();
+    }
+
+    // --- out: row (b, i, h); partial state at [((b * q_len + i) * Hq + h) * split_stride +
+    // split], or (one split, no sinks) the final o / lse as stage 2 would compute them.
+    if (o_out == nullptr && warp < R && lane == 0) {
 #pragma unroll
         for (int j = 0; j < RW; ++j) {
             const int r = warp + NW * j;
@@ -514,22 +726,49 @@ __device__ __forceinline__ void kv_stage1_body(
             }
         }
     }
-    if (tid < RG * D4) {
-        const int c = tid % D4;
-        const int rg = tid / D4;
+    if (pv_on && pv_tg == 0) {
 #pragma unroll
         for (int j = 0; j < RPT; ++j) {
-            const int r = rg + RG * j;
+            const int r = pv_rg + RG * j;
             if (r < R) {
                 const int i = r / G;
                 const int g = r - i * G;
                 const long long row = ((long long)b * QL + i) * num_heads + (long long)kvh * G + g;
                 float4 o = acc[j];
+                if constexpr (TGN > 1) {
+#pragma unroll 1
+                    for (int u = 1; u < TGN; ++u) {
+                        const float4 x =
+                            reinterpret_cast<const float4*>(red + ((u - 1) * R + r) * D)[pv_c];
+                        o.x += x.x;
+                        o.y += x.y;
+                        o.z += x.z;
+                        o.w += x.w;
+                    }
+                }
                 o.x *= v_out_scale;
                 o.y *= v_out_scale;
                 o.z *= v_out_scale;
                 o.w *= v_out_scale;
-                reinterpret_cast<float4*>(acc_part + (row * split_stride + split) * D)[c] = o;
+                if (o_out == nullptr) {
+                    reinterpret_cast<float4*>(acc_part + (row * split_stride + split) * D)[pv_c] =
+                        o;
+                } else {
+                    // kv_decode_merge_splits with one split and no sink: weight exp(0) = 1,
+                    // total = l, o = acc / l, lse = m + log(l); nothing visible: 0 / -inf.
+                    const float m = ml_s[2 * r];
+                    const float l = ml_s[2 * r + 1];
+                    const bool empty = m == kv_neg_inf();
+                    float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+                    if (!empty) {
+                        y.x = o.x / l;
+                        y.y = o.y / l;
+                        y.z = o.z / l;
+                        y.w = o.w / l;
+                    }
+                    reinterpret_cast<float4*>(o_out + row * D)[pv_c] = y;
+                    if (pv_c == 0) lse_out[row] = empty ? kv_neg_inf() : m + logf(l);
+                }
             }
         }
     }

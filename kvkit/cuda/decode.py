@@ -15,8 +15,9 @@ stage                  kernel (entry)                               launch
 =====================  ===========================================  ===========================
 
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
-heads and all q_len queries of that KV head, so every cache byte is read once per step, and
-dequantizes each tile of 32 tokens once into shared memory. Splits follow
+heads and all q_len queries of that KV head, so every cache byte is read once per step: tiles of
+64 tokens stream through a cp.async pipeline into shared memory and are dequantized straight
+from there. With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
 grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
 scale (K) and into the partial accumulators (V), see ``stage1_scales``.
@@ -52,6 +53,8 @@ STAGE1_WARPS = STAGE1_THREADS // 32
 MAX_ROWS_PER_LANE = 16
 #: Rows (warps) per CTA of the merge kernels (KVM_WARPS in decode_merge.cu).
 MERGE_WARPS = 4
+#: Load-width code bit: token-contiguous plane with 16-byte aligned slabs (KVD_SLAB_BIT).
+SLAB_BIT = 32
 #: Largest grid.y / grid.z.
 _MAX_GRID_YZ = 65535
 
@@ -130,6 +133,10 @@ def _plane_args(plane, name: str) -> list:
     addr = int(plane.data.ptr)
     while vec > 1 and any(x % vec for x in (addr, *strides[:3])):
         vec //= 2
+    # Slab bit: token rows are contiguous and every (page, head) slab starts 16-byte aligned,
+    # so runs of tokens can be copied 16 bytes at a time whatever the row width.
+    if strides[2] == plane.shape[3] * item and not any(x % 16 for x in (addr, *strides[:2])):
+        vec |= SLAB_BIT
     return [plane] + [np.int64(s // item) for s in strides[:3]] + [np.int32(vec)]
 
 
@@ -188,8 +195,52 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     return func, smem
 
 
+#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes). The
+#: format's defines cost up to ~80 us to build (TurboQuant's codebook and signs as text), far
+#: more than the kernels at small batch, so a decode step looks its kernel up by identity.
+_stage1_fast: dict[tuple, tuple[object, object, int]] = {}
+
+
+def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
+    import cupy
+
+    key = (
+        cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
+        group, q_len,
+    )  # fmt: skip
+    hit = _stage1_fast.get(key)
+    if hit is not None and hit[0] is fmt:
+        return hit[1], hit[2]
+    defines = dict(fmt.cuda_defines())
+    defines.update(KV_IN_DTYPE=in_define, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
+    func, smem = _stage1_kernel(entry, kname, defines)
+    _stage1_fast[key] = (fmt, func, smem)  # holds fmt, so its id is not reused
+    return func, smem
+
+
+_merge_cache: dict[tuple, object] = {}
+
+
 def _merge_kernel(name: str):
-    return get_module(_MERGE_ENTRY, {}).get_function(name)
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), name)
+    func = _merge_cache.get(key)
+    if func is None:
+        func = get_module(_MERGE_ENTRY, {}).get_function(name)
+        _merge_cache[key] = func
+    return func
+
+
+#: Shared memory of an SM (H100 / H200: 228 KB; 1 KB of it reserved per resident CTA).
+_SMEM_PER_SM = 228 * 1024
+
+
+def _resident_ctas(rows_x_dim: int, smem: int) -> int:
+    """Stage-1 CTAs one SM holds at once: KVD_MIN_BLOCKS (2 when G * q_len * D <= 2048, the
+    register bound) limited by shared memory. The split heuristic fills SMs x this."""
+    by_regs = 2 if rows_x_dim <= 2048 else 1
+    return max(1, min(by_regs, _SMEM_PER_SM // (smem + 1024)))
 
 
 def _check_int(name: str, value, minimum: int) -> int:
@@ -297,12 +348,7 @@ def decode(
 
     max_blocks = block_tables.shape[1]
     bs = layer.block_size
-    if num_splits is None:
-        sms, _ = _device_limits()
-        num_splits = choose_num_splits(
-            max(batch, 1), hkv, max_blocks * bs, bs, num_workers=sms, max_splits=MAX_SPLITS
-        )
-    else:
+    if num_splits is not None:
         num_splits = _check_int("num_splits", num_splits, 1)
         if num_splits > MAX_SPLITS:
             raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
@@ -312,9 +358,14 @@ def decode(
     if batch == 0:
         return o, lse
 
-    defines = dict(fmt.cuda_defines())
-    defines.update(KV_IN_DTYPE=in_define, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
-    func, smem = _stage1_kernel(entry, kname, defines)
+    func, smem = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    if num_splits is None:
+        sms, _ = _device_limits()
+        num_splits = choose_num_splits(
+            batch, hkv, max_blocks * bs, bs,
+            num_workers=sms * _resident_ctas(group * q_len * head_dim, smem),
+            max_splits=MAX_SPLITS,
+        )  # fmt: skip
 
     planes = []
     for pname in plane_names:
@@ -324,16 +375,30 @@ def decode(
         planes += [layer.planes[plane_names[0]], np.int64(0), np.int64(0), np.int64(0), np.int32(1)]
 
     rows = batch * q_len * num_heads
+    k_fold, v_fold = stage1_scales(layer, scale)
+    if num_splits == 1 and sinks is None:
+        # One split and no sink: stage 1 writes o and lse itself (stage 2's arithmetic for a
+        # single part), no partial buffers and no second launch.
+        null = np.uint64(0)
+        args = (
+            q, *planes,
+            block_tables, np.int32(max_blocks), seq_lens,
+            np.int32(layer.num_blocks), np.int32(bs), np.int32(window),
+            k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
+            null, null, null, o, lse, layer.error_flag,
+        )  # fmt: skip
+        func((1, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
+        return o, lse
+
     m_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
     l_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
     acc_part = cupy.empty((rows, MAX_SPLITS, head_dim), dtype=cupy.float32)
-    k_fold, v_fold = stage1_scales(layer, scale)
     args = (
         q, *planes,
         block_tables, np.int32(max_blocks), seq_lens,
         np.int32(layer.num_blocks), np.int32(bs), np.int32(window),
         k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
-        m_part, l_part, acc_part, layer.error_flag,
+        m_part, l_part, acc_part, np.uint64(0), np.uint64(0), layer.error_flag,
     )  # fmt: skip
     func((num_splits, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
 
