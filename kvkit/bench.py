@@ -172,15 +172,19 @@ def bench_decode(names, shapes, reps, copy_bw, graph=True):
             kv_bytes = 2 * shape.B * shape.Hkv * shape.T * shape.D * 2
             n_rot = max(1, math.ceil(2 * l2 / kv_bytes))
             dims = (shape.B, shape.Hkv, shape.T, shape.D)
-            ks = [torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(n_rot)]
+            # Distinct K and V tensors: with K is V the kernel would read half the bytes.
+            kvs = [
+                tuple(torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(2))
+                for _ in range(n_rot)
+            ]
             qt = torch.randn(shape.B, shape.Hq, 1, shape.D, device="cuda", dtype=torch.float16)
 
-            def run_sdpa(i, qt=qt, ks=ks):
-                kv = ks[i % len(ks)]
-                F.scaled_dot_product_attention(qt, kv, kv, enable_gqa=True)
+            def run_sdpa(i, qt=qt, kvs=kvs):
+                k, v = kvs[i % len(kvs)]
+                F.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
 
             sdpa = round(time_ms(run_sdpa, reps), 4)
-            del ks, run_sdpa
+            del kvs, run_sdpa
         for name in names:
             fmt = formats.get(name, shape.D)
             nbytes = decode_bytes(fmt, shape)
@@ -274,8 +278,12 @@ def plot(rows, path: Path) -> bool:
     dec = [r for r in rows if r["op"] == "decode" and not r["graph"]]
     shapes = list(dict.fromkeys((r["B"], r["T"], r["Hq"], r["D"]) for r in dec))
     names = list(dict.fromkeys(r["format"] for r in dec))
-    fig, axes = plt.subplots(1, len(shapes), figsize=(3.2 * len(shapes), 4.2), squeeze=False)
-    for ax, (b, t, hq, d) in zip(axes[0], shapes):
+    ncols = min(4, len(shapes))
+    nrows = math.ceil(len(shapes) / ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 4.4 * nrows), squeeze=False)
+    for ax in axes.flat[len(shapes) :]:
+        ax.set_visible(False)
+    for ax, (b, t, hq, d) in zip(axes.flat, shapes):
         sel = {r["format"]: r for r in dec if (r["B"], r["T"], r["Hq"], r["D"]) == (b, t, hq, d)}
         xs = np.arange(len(names))
         ms = [sel[n]["kvkit_ms"] if n in sel else np.nan for n in names]
@@ -290,8 +298,8 @@ def plot(rows, path: Path) -> bool:
         ax.set_xticks(xs, names, rotation=75, fontsize=7)
         ax.set_title(f"B={b} T={t}" + ("" if (hq, d) == (32, 128) else f"\nHq={hq} D={d}"),
                      fontsize=9)  # fmt: skip
-        ax.set_ylabel("ms" if ax is axes[0][0] else "")
-    axes[0][0].legend(fontsize=7, loc="upper left")
+        ax.set_ylabel("ms (log)")
+    axes[0][0].legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
