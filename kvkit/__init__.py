@@ -13,6 +13,7 @@ Public API::
 from . import formats
 from .cache import CacheLayer, PagedKVCache
 from .ops import decode, dequantize, merge_states, write_kv
+from .plan import DecodePlan
 
 __version__ = "0.1.0"
 
@@ -24,5 +25,6 @@ __all__ = [
     "dequantize",
     "decode",
     "merge_states",
+    "DecodePlan",
     "__version__",
 ]

@@ -272,6 +272,7 @@ def decode(
     window=None,
     sinks=None,
     softcap=None,
+    workspace=None,
 ):
     """Split-K paged decode over one CUDA cache layer; asynchronous on the current stream.
 
@@ -291,9 +292,12 @@ def decode(
             max_blocks * block_size as the length (seq_lens are not read on the host).
         window: int >= 1 or None. softcap: float > 0 or None.
         sinks: CuPy float32 (Hq,) per-head sink logits or None (-inf: no sink).
+        workspace: None, or a ``DecodeWorkspace`` whose buffers receive o, lse and the split
+            partials: then nothing is allocated, which is what CUDA-graph capture needs.
 
     Returns:
-        (o, lse): CuPy float32 (B, q_len, Hq, D) and (B, q_len, Hq), natural log.
+        (o, lse): CuPy float32 (B, q_len, Hq, D) and (B, q_len, Hq), natural log (the
+        workspace's buffers when one is given).
 
     A block-table entry outside [0, num_blocks) in a used page is skipped and sets bit 2 of
     ``layer.error_flag``; a seq_len outside [q_len, max_blocks * block_size] makes the
@@ -353,19 +357,19 @@ def decode(
         if num_splits > MAX_SPLITS:
             raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
 
-    o = cupy.empty((batch, q_len, num_heads, head_dim), dtype=cupy.float32)
-    lse = cupy.empty((batch, q_len, num_heads), dtype=cupy.float32)
+    rows = batch * q_len * num_heads
+    if workspace is not None:
+        workspace.check(batch, q_len, num_heads, head_dim)
+        o, lse = workspace.o, workspace.lse
+    else:
+        o = cupy.empty((batch, q_len, num_heads, head_dim), dtype=cupy.float32)
+        lse = cupy.empty((batch, q_len, num_heads), dtype=cupy.float32)
     if batch == 0:
         return o, lse
 
     func, smem = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     if num_splits is None:
-        sms, _ = _device_limits()
-        num_splits = choose_num_splits(
-            batch, hkv, max_blocks * bs, bs,
-            num_workers=sms * _resident_ctas(group * q_len * head_dim, smem),
-            max_splits=MAX_SPLITS,
-        )  # fmt: skip
+        num_splits = _default_splits(layer, batch, group, q_len, max_blocks, smem)
 
     planes = []
     for pname in plane_names:
@@ -374,7 +378,6 @@ def decode(
     while len(planes) < 4 * 5:
         planes += [layer.planes[plane_names[0]], np.int64(0), np.int64(0), np.int64(0), np.int32(1)]
 
-    rows = batch * q_len * num_heads
     k_fold, v_fold = stage1_scales(layer, scale)
     if num_splits == 1 and sinks is None:
         # One split and no sink: stage 1 writes o and lse itself (stage 2's arithmetic for a
@@ -390,9 +393,12 @@ def decode(
         func((1, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
         return o, lse
 
-    m_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
-    l_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
-    acc_part = cupy.empty((rows, MAX_SPLITS, head_dim), dtype=cupy.float32)
+    if workspace is not None:
+        m_part, l_part, acc_part = workspace.partials()
+    else:
+        m_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
+        l_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
+        acc_part = cupy.empty((rows, MAX_SPLITS, head_dim), dtype=cupy.float32)
     args = (
         q, *planes,
         block_tables, np.int32(max_blocks), seq_lens,
@@ -413,6 +419,62 @@ def decode(
         ),
     )  # fmt: skip
     return o, lse
+
+
+def _default_splits(layer, batch: int, group: int, q_len: int, max_blocks: int, smem: int) -> int:
+    """The split heuristic over this device: SMs x resident stage-1 CTAs as workers, and
+    max_blocks * block_size as the length (no host read of seq_lens)."""
+    sms, _ = _device_limits()
+    bs = layer.block_size
+    return choose_num_splits(
+        batch, layer.num_kv_heads, max_blocks * bs, bs,
+        num_workers=sms * _resident_ctas(group * q_len * layer.fmt.head_dim, smem),
+        max_splits=MAX_SPLITS,
+    )  # fmt: skip
+
+
+def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max_blocks: int):
+    """The split count ``decode`` would pick for these shapes (compiles/loads the kernel)."""
+    fmt = layer.fmt
+    entry, kname, _ = _STAGE1[fmt.family]
+    in_define, _ = _Q_DTYPES[q_dtype]
+    group = num_heads // layer.num_kv_heads
+    check_row_limits(group, q_len, fmt.head_dim)
+    _, smem = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    return _default_splits(layer, batch, group, q_len, max_blocks, smem)
+
+
+class DecodeWorkspace:
+    """Preallocated outputs and split partials for decodes of one fixed shape.
+
+    Partials are sized by MAX_SPLITS (the static grid bound), allocated on first need, so a
+    one-split plan costs no partial memory.
+    """
+
+    def __init__(self, batch: int, q_len: int, num_heads: int, head_dim: int):
+        import cupy
+
+        self.shape = (batch, q_len, num_heads, head_dim)
+        self.o = cupy.empty(self.shape, dtype=cupy.float32)
+        self.lse = cupy.empty(self.shape[:3], dtype=cupy.float32)
+        self._partials = None
+
+    def check(self, batch: int, q_len: int, num_heads: int, head_dim: int) -> None:
+        got = (batch, q_len, num_heads, head_dim)
+        if got != self.shape:
+            raise ValueError(f"workspace is for q of shape {self.shape}, got {got}")
+
+    def partials(self):
+        import cupy
+
+        if self._partials is None:
+            rows = self.shape[0] * self.shape[1] * self.shape[2]
+            self._partials = (
+                cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32),
+                cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32),
+                cupy.empty((rows, MAX_SPLITS, self.shape[3]), dtype=cupy.float32),
+            )
+        return self._partials
 
 
 def merge_states(o, lse):

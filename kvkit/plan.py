@@ -1,0 +1,109 @@
+"""DecodePlan: a decode step of fixed shape, planned once and run many times.
+
+In the manner of FlashInfer's plan/run: everything that depends only on shapes is settled at
+plan time (the split count, the compiled kernel, the output and split-partial buffers), so
+``run`` launches without allocating memory or synchronizing. On a CUDA layer that makes a
+decode step capturable in a CUDA graph: capture ``plan.run(q, block_tables, seq_lens)`` once,
+then change the contents of those arrays (same shapes, same memory) and replay.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .cache import CacheLayer
+from .ops import _check_layer, _decode_cuda, decode
+
+
+class DecodePlan:
+    """A reusable decode step for q of shape (batch, q_len, num_heads, D).
+
+    Args:
+        layer: the ``CacheLayer`` to decode (CPU or CUDA).
+        batch, num_heads, max_blocks: B, Hq and the block-table width the step will get.
+        q_len: queries per sequence (default 1; ``run`` also accepts (B, Hq, D) then).
+        q_dtype: "float16", "bfloat16" or "float32": the query dtype ``run`` will get.
+        scale, num_splits, window, sinks, softcap: as in ``kvkit.decode``; ``num_splits``
+            None picks the same count ``kvkit.decode`` would for max_blocks * block_size.
+
+    Attributes:
+        num_splits: the split count every run uses (CUDA layers; None on the CPU).
+        o, lse: CUDA layers: the float32 buffers each run writes, (B, q_len, Hq, D) and
+            (B, q_len, Hq); ``run`` returns views of them, overwritten by the next run.
+    """
+
+    def __init__(
+        self,
+        layer: CacheLayer,
+        batch: int,
+        num_heads: int,
+        max_blocks: int,
+        *,
+        q_len: int = 1,
+        q_dtype: str = "float16",
+        scale: float | None = None,
+        num_splits: int | None = None,
+        window: int | None = None,
+        sinks=None,
+        softcap: float | None = None,
+    ):
+        self.layer = _check_layer(layer)
+        for name, value in (("batch", batch), ("num_heads", num_heads),
+                            ("max_blocks", max_blocks), ("q_len", q_len)):  # fmt: skip
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if num_heads % layer.num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of {layer.num_kv_heads}")
+        if q_dtype not in ("float16", "bfloat16", "float32"):
+            raise ValueError(f"q_dtype must be float16, bfloat16 or float32, got {q_dtype!r}")
+        self.shape = (batch, q_len, num_heads, layer.head_dim)
+        self.q_dtype = q_dtype
+        self.scale = 1.0 / math.sqrt(layer.head_dim) if scale is None else scale
+        self.window, self.sinks, self.softcap = window, sinks, softcap
+        self.num_splits = num_splits
+        self.workspace = None
+        if layer.backend == "cuda":
+            from .cuda import decode as cuda_decode
+
+            if num_splits is None:
+                self.num_splits = cuda_decode.plan_splits(
+                    layer, q_dtype, batch, q_len, num_heads, max_blocks
+                )
+            if sinks is not None:  # converted once here: run must not allocate
+                import cupy
+
+                from .cuda.arrays import as_cupy
+
+                self.sinks = cupy.ascontiguousarray(as_cupy(sinks, "sinks")[0], dtype=cupy.float32)
+            self.workspace = cuda_decode.DecodeWorkspace(batch, q_len, num_heads, layer.head_dim)
+            if self.num_splits > 1 or sinks is not None:
+                self.workspace.partials()  # allocate now: none may happen inside a capture
+
+    @property
+    def o(self):
+        return None if self.workspace is None else self.workspace.o
+
+    @property
+    def lse(self):
+        return None if self.workspace is None else self.workspace.lse
+
+    def run(self, q, block_tables, seq_lens, *, return_lse: bool = False, validate: bool = False):
+        """One decode step; arguments and result as ``kvkit.decode``'s.
+
+        q must have the planned shape ((B, q_len, Hq, D), or (B, Hq, D) when q_len is 1) and
+        dtype; block_tables (B, max_blocks) int32 and seq_lens (B,) int32 the planned B.
+        """
+        opts = dict(window=self.window, sinks=self.sinks, softcap=self.softcap)
+        if self.workspace is None:
+            return decode(q, self.layer, block_tables, seq_lens, scale=self.scale,
+                          num_splits=self.num_splits, return_lse=return_lse,
+                          validate=validate, **opts)  # fmt: skip
+        shape = tuple(q.shape)
+        if shape not in (self.shape, self.shape[:1] + self.shape[2:]) or (
+            len(shape) == 3 and self.shape[1] != 1
+        ):
+            raise ValueError(f"q must have the planned shape {self.shape}, got {shape}")
+        return _decode_cuda(
+            q, self.layer, block_tables, seq_lens, self.scale, self.num_splits, return_lse,
+            self.window, self.sinks, self.softcap, validate, workspace=self.workspace,
+        )  # fmt: skip
