@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from .formats import Format, check_global_scale
+from .sequences import SequenceManager
 
 BLOCK_SIZES = (16, 32, 64, 128)
 BACKENDS = ("cpu", "cuda")
@@ -172,6 +173,8 @@ class PagedKVCache:
         self.block_size = block_size
         self.backend = backend
         self.layers = [CacheLayer(f, num_kv_heads, num_blocks, block_size, backend) for f in fmts]
+        #: Sequences and the block allocator (kvkit.sequences); the methods below forward here.
+        self.sequences = SequenceManager(self)
 
     @property
     def formats(self) -> list[Format]:
@@ -188,6 +191,43 @@ class PagedKVCache:
     @property
     def nbytes(self) -> int:
         return sum(layer.nbytes for layer in self.layers)
+
+    # -- sequences (kvkit.sequences.SequenceManager; errors are raised before any change) --
+
+    def add_sequence(self, seq_id: int | None = None) -> int:
+        """Start an empty sequence; returns its int id. A duplicate id raises ValueError."""
+        return self.sequences.add(seq_id)
+
+    def append_tokens(self, seq_id: int, n: int):
+        """Reserve n >= 0 more tokens for a sequence -> (n,) int64 slot mapping (NumPy on the
+        CPU, CuPy on CUDA), shared by all layers: ``kvkit.write_kv(layer, k, v, slots)``.
+
+        Raises ``kvkit.sequences.OutOfBlocksError`` (a RuntimeError) when the blocks run out,
+        with the cache unchanged; KeyError for an unknown id; ValueError for n < 0.
+        """
+        return self.sequences.append(seq_id, n)
+
+    def fork(self, seq_id: int, new_id: int | None = None) -> int:
+        """Copy-on-write child of a sequence: full blocks shared by reference count, a
+        partially filled last block copied (every layer and plane). Returns the child's id."""
+        return self.sequences.fork(seq_id, new_id)
+
+    def free(self, seq_id: int) -> None:
+        """Drop a sequence; blocks nobody else holds return to the free list."""
+        self.sequences.free(seq_id)
+
+    def seq_len(self, seq_id: int) -> int:
+        """Tokens reserved for a sequence."""
+        return self.sequences.seq_len(seq_id)
+
+    def seq_slots(self, seq_id: int):
+        """(seq_len,) int64 slots of all of a sequence's tokens, in the cache's backend."""
+        return self.sequences.seq_slots(seq_id)
+
+    def block_tables(self, seq_ids, max_blocks: int | None = None):
+        """(block_tables (B, max_blocks) int32, seq_lens (B,) int32) for a batch of sequence
+        ids, in the cache's backend, padded with 0 past each sequence's pages."""
+        return self.sequences.block_tables(seq_ids, max_blocks)
 
     def __repr__(self) -> str:
         names = sorted({f.name for f in self.formats})
