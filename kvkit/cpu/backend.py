@@ -13,6 +13,21 @@ import numpy as np
 
 from ..formats import DenseFormat, FP8Format, NVFP4Format, TurboQuantFormat
 from . import dequant, write
+from .jit import pick, serial_twin
+
+#: Token-heads below which a write or dequantize runs on the serial twin of its kernel
+#: (kvkit.cpu.jit.serial_twin): a single-token decode step writes Hkv token-heads.
+PARALLEL_MIN_ROWS = 256
+_write_fp8 = (write.write_fp8, serial_twin(write.write_fp8))
+_write_nvfp4 = (write.write_nvfp4, serial_twin(write.write_nvfp4))
+_write_tq = (write.write_turboquant, serial_twin(write.write_turboquant))
+_dequant_nvfp4 = (dequant.dequant_nvfp4, serial_twin(dequant.dequant_nvfp4))
+_dequant_tq = (dequant.dequant_turboquant, serial_twin(dequant.dequant_turboquant))
+
+
+def _kernel(pair, rows: int):
+    return pick(pair[0], pair[1], rows, PARALLEL_MIN_ROWS)
+
 
 if TYPE_CHECKING:
     from ..cache import CacheLayer
@@ -40,7 +55,7 @@ def write_rows(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slots: np.ndarra
     bs = layer.block_size
     p = layer.planes
     if isinstance(fmt, FP8Format):
-        write.write_fp8(
+        _kernel(_write_fp8, k.shape[0] * k.shape[1])(
             k, v, slots, bs, p["k"], p["v"], np.float32(layer.k_scale), np.float32(layer.v_scale)
         )
     elif isinstance(fmt, DenseFormat):
@@ -50,13 +65,13 @@ def write_rows(layer: CacheLayer, k: np.ndarray, v: np.ndarray, slots: np.ndarra
         p["k"][blk, :, off, :] = enc["k"]
         p["v"][blk, :, off, :] = enc["v"]
     elif isinstance(fmt, NVFP4Format):
-        write.write_nvfp4(
+        _kernel(_write_nvfp4, k.shape[0] * k.shape[1])(
             k, v, slots, bs, p["k_data"], p["k_scale"], p["v_data"], p["v_scale"],
             np.float32(layer.k_scale), np.float32(layer.v_scale), fmt.four_over_six,
         )  # fmt: skip
     elif isinstance(fmt, TurboQuantFormat):
         signs, cents, mids = _tq_tables(fmt)
-        write.write_turboquant(
+        _kernel(_write_tq, k.shape[0] * k.shape[1])(
             k, v, slots, bs, p["slots"], *_tq_args(fmt), np.float32(layer.k_scale),
             signs, cents, mids, fmt.sqrt_d, fmt.key_norm_offset, fmt.value_offset,
             fmt.value_scale_offset, fmt.value_zero_offset,
@@ -79,13 +94,13 @@ def dequantize_rows(
     out_k = np.empty((m, layer.num_kv_heads, fmt.head_dim), np.float32)
     out_v = np.empty_like(out_k)
     if isinstance(fmt, NVFP4Format):
-        dequant.dequant_nvfp4(
+        _kernel(_dequant_nvfp4, m * layer.num_kv_heads)(
             p["k_data"], p["k_scale"], p["v_data"], p["v_scale"],
             np.float32(layer.k_scale), np.float32(layer.v_scale), blocks, offsets, out_k, out_v,
         )  # fmt: skip
     elif isinstance(fmt, TurboQuantFormat):
         signs, cents, _ = _tq_tables(fmt)
-        dequant.dequant_turboquant(
+        _kernel(_dequant_tq, m * layer.num_kv_heads)(
             p["slots"], *_tq_args(fmt), np.float32(layer.k_scale), signs, cents, fmt.sqrt_d,
             fmt.key_norm_offset, fmt.value_offset, fmt.value_scale_offset,
             fmt.value_zero_offset, blocks, offsets, out_k, out_v,

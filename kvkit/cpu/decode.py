@@ -21,6 +21,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from kvkit.cpu.jit import pick, serial_twin
 from kvkit.decode_args import check_decode_args
 from kvkit.splits import MAX_SPLITS, choose_num_splits, page_range
 
@@ -171,6 +172,13 @@ def _merge_kernel(m, l_sum, acc, sinks, has_sinks, o, lse):
         lse[b, i, h] = big_m + np.float32(math.log(total))
 
 
+#: Serial twins for small calls (kvkit.cpu.jit.serial_twin says why). 2^20 multiply-adds run
+#: serially in about a millisecond, the same order as waking the thread pool.
+PARALLEL_MIN_WORK = 1 << 20
+_stage1_serial = serial_twin(_stage1_kernel)
+_merge_serial = serial_twin(_merge_kernel)
+
+
 def decode_stage1(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_splits,
                   window=None, softcap=None):
     """Stage 1 of split-K decode: per-split online-softmax state. No argument checks.
@@ -198,7 +206,9 @@ def decode_stage1(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_spl
     m = np.empty((batch, q_len, num_heads, num_splits), dtype=np.float32)
     l_sum = np.empty_like(m)
     acc = np.empty((batch, q_len, num_heads, num_splits, head_dim), dtype=np.float32)
-    _stage1_kernel(
+    # Work of the call: query rows x tokens x D multiply-adds (tokens bounded by the tables).
+    work = batch * q_len * num_heads * block_tables.shape[1] * k_pages.shape[2] * head_dim
+    pick(_stage1_kernel, _stage1_serial, work, PARALLEL_MIN_WORK)(
         q, k_pages, v_pages, block_tables, seq_lens,
         np.float32(scale), np.int64(num_splits),
         np.int64(0 if window is None else window),
@@ -231,7 +241,9 @@ def merge_splits(m, l, acc, *, sinks=None):
                  else np.zeros(num_heads, dtype=np.float32))
     o = np.empty((batch, q_len, num_heads, acc.shape[4]), dtype=np.float32)
     lse = np.empty((batch, q_len, num_heads), dtype=np.float32)
-    _merge_kernel(m, l_sum, acc, sinks_arr, has_sinks, o, lse)
+    pick(_merge_kernel, _merge_serial, acc.size, PARALLEL_MIN_WORK)(
+        m, l_sum, acc, sinks_arr, has_sinks, o, lse
+    )
     return o, lse
 
 
