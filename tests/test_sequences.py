@@ -21,7 +21,7 @@ from kvkit.sequences import BlockAllocator, OutOfBlocksError, copy_blocks
 from kvkit.testing.reference import attention_f64
 from kvkit.testing.rng import rng as make_rng
 from kvkit.testing.synthetic import llm_like_kv, llm_like_queries
-from kvkit.testing.tolerance import DECODE_CPU_RTOL, rel_error
+from kvkit.testing.tolerance import DECODE_CPU_RTOL, DECODE_GPU_RTOL, rel_error
 
 HEAD_DIM = 64
 HKV = 2
@@ -483,4 +483,48 @@ TestSequenceMachine = SequenceMachine.TestCase
 TestSequenceMachine.settings = settings(stateful_step_count=40)
 
 TestQuantizedSequenceMachine = QuantizedSequenceMachine.TestCase
-TestQuantizedSequenceMachine.settings = settings(max_examples=15, stateful_step_count=25)
+TestQuantizedSequenceMachine.settings = settings(max_examples=30, stateful_step_count=25)
+
+
+# ---------------------------------------------------------------------------------------
+# CUDA caches: same bookkeeping, device arrays out, device-to-device block copies
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fp16", "nvfp4", "turboquant_4bit_nc"])
+def test_cuda_sequences_match_cpu(name):
+    import cupy as cp
+
+    caches = {be: make_cache(name, num_blocks=8, backend=be) for be in ("cpu", "cuda")}
+    for be, cache in caches.items():
+        a = cache.add_sequence()
+        slots = cache.append_tokens(a, 37)
+        assert isinstance(slots, cp.ndarray if be == "cuda" else np.ndarray)
+        assert slots.dtype == np.int64
+        for i, layer in enumerate(cache.layers):
+            k, v = llm_like_kv(37, HKV, HEAD_DIM, seed=10 + i)
+            if be == "cuda":
+                k, v = cp.asarray(k), cp.asarray(v)
+            kvkit.write_kv(layer, k, v, slots, validate=be == "cuda")
+        c = cache.fork(a)  # copies the partial third block
+        s2 = cache.append_tokens(c, 4)
+        for i, layer in enumerate(cache.layers):
+            k, v = llm_like_kv(4, HKV, HEAD_DIM, seed=20 + i)
+            if be == "cuda":
+                k, v = cp.asarray(k), cp.asarray(v)
+            kvkit.write_kv(layer, k, v, s2, validate=be == "cuda")
+        tables, lens = cache.block_tables([a, c])
+        assert tables.dtype == np.int32 and lens.dtype == np.int32
+        assert isinstance(tables, cp.ndarray if be == "cuda" else np.ndarray)
+        cache.sequences.check_invariants()
+    cpu, gpu = caches["cpu"], caches["cuda"]
+    for lc, lg in zip(cpu.layers, gpu.layers):  # same pages, same bytes (writes bit-exact)
+        for pname, plane in lc.planes.items():
+            assert np.array_equal(plane, lg.planes[pname].get()), pname
+    q = llm_like_queries(2, HQ, HEAD_DIM, seed=30, num_kv_heads=HKV)
+    tables, lens = gpu.block_tables([0, 1])
+    o = kvkit.decode(cp.asarray(q), gpu.layer(0), tables, lens, validate=True).get()
+    for b, sid in enumerate([0, 1]):
+        k, v = kvkit.dequantize(cpu.layer(0), cpu.seq_slots(sid))
+        ref, _ = attention_f64(q[b][None], k, v)
+        assert rel_error(o[b], ref[0]) <= DECODE_GPU_RTOL
