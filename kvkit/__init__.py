@@ -14,6 +14,7 @@ from . import formats
 from .cache import CacheLayer, PagedKVCache
 from .ops import decode, dequantize, merge_states, write_kv
 from .plan import DecodePlan
+from .sequences import OutOfBlocksError
 
 __version__ = "0.1.0"
 
@@ -26,5 +27,6 @@ __all__ = [
     "decode",
     "merge_states",
     "DecodePlan",
+    "OutOfBlocksError",
     "__version__",
 ]
