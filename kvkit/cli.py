@@ -123,6 +123,114 @@ def _run_bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+# ----------------------------------------------------------------------------------- capacity
+
+
+def _memory_size(text: str) -> int:
+    from kvkit.planner import parse_memory
+
+    try:
+        return parse_memory(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_capacity(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="built-in model config (llama-3.1-8b, llama-3.3-70b, qwen3-8b, mistral-7b); "
+        "or give --layers, --kv-heads and --head-dim",
+    )
+    parser.add_argument("--layers", type=_positive_int, default=None, help="attention layers")
+    parser.add_argument("--kv-heads", type=_positive_int, default=None, help="KV heads per layer")
+    parser.add_argument("--head-dim", type=_positive_int, default=None, help="head dimension")
+    parser.add_argument(
+        "--memory",
+        type=_memory_size,
+        required=True,
+        metavar="SIZE",
+        help="KV-cache memory budget, e.g. 40GiB, 80GB, 1.5TiB (B, KB/KiB, MB/MiB, GB/GiB, "
+        "TB/TiB; KB = 1000 B, KiB = 1024 B)",
+    )
+    parser.add_argument(
+        "--formats",
+        type=parse_formats,
+        default=None,
+        metavar="NAME[,NAME...]",
+        help="comma-separated cache formats (default: every format that supports the head_dim)",
+    )
+    parser.add_argument(
+        "--boundary-layers",
+        type=_non_negative_int,
+        default=2,
+        metavar="N",
+        help="first and last N layers in --boundary-format, capped at layers // 2; 0 disables "
+        "(default: 2)",
+    )
+    parser.add_argument(
+        "--boundary-format", default="fp16", help="format of the boundary layers (default: fp16)"
+    )
+    parser.add_argument(
+        "--window",
+        type=_non_negative_int,
+        default=0,
+        metavar="R",
+        help="the last R tokens of each sequence also kept in fp16 in every layer: reserved "
+        "per sequence up front, not counted as capacity (default: 0)",
+    )
+    parser.add_argument(
+        "--sequences",
+        type=_positive_int,
+        default=1,
+        help="concurrent sequences the --window reserve is made for (default: 1)",
+    )
+    parser.add_argument(
+        "--block-size",
+        type=_positive_int,
+        default=None,
+        help="tokens per page: round tokens down to whole pages (default: no rounding)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _run_capacity(args: argparse.Namespace) -> int:
+    import json
+
+    from kvkit import models, planner
+
+    custom = (args.layers, args.kv_heads, args.head_dim)
+    if args.model is not None:
+        if any(x is not None for x in custom):
+            raise CommandError("give --model or --layers/--kv-heads/--head-dim, not both")
+        try:
+            model = models.get(args.model)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from exc
+    elif all(x is not None for x in custom):
+        model = models.ModelConfig("custom", args.layers, args.kv_heads, args.head_dim)
+    else:
+        raise CommandError("give --model, or all of --layers, --kv-heads and --head-dim")
+    try:
+        cmp = planner.compare(
+            model,
+            args.memory,
+            args.formats,
+            boundary_layers=args.boundary_layers,
+            boundary_format=args.boundary_format,
+            window=args.window,
+            sequences=args.sequences,
+            block_size=args.block_size,
+        )
+    except (ValueError, TypeError) as exc:
+        raise CommandError(str(exc)) from exc
+    if args.json:
+        print(json.dumps(cmp.as_dict(), indent=2), flush=True)
+    else:
+        print(planner.format_table(cmp), flush=True)
+    return 0
+
+
 # ------------------------------------------------------------------------------------- report
 
 
@@ -226,6 +334,12 @@ COMMANDS: dict[
         "writes a table, bench.json and bench.png",
         _add_bench,
         _run_bench,
+    ),
+    "capacity": (
+        "KV-cache bytes per token and tokens that fit a memory budget, per format, with and "
+        "without boundary layers",
+        _add_capacity,
+        _run_capacity,
     ),
     "report": (
         "quality report on LLM-like synthetic K/V for every format (reconstruction error, "
