@@ -43,3 +43,16 @@ def test_fuzz_layout_example_catches_a_corrupted_write(monkeypatch, capsys):
         module.main(["--format", "turboquant_4bit_nc", "--head-dim", "64", "--examples", "10"]) == 1
     )
     assert "FAILED" in capsys.readouterr().out
+
+
+def test_numpy_decode_loop_example_matches_float64():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, str(EXAMPLES / "numpy_decode_loop.py"), "--layers", "5",
+           "--steps", "40", "--window", "16", "--check-every", "13", "--boundary", "1"]  # fmt: skip
+    env = {**__import__("os").environ, "PYTHONPATH": str(EXAMPLES.parent)}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "worst relative error" in out.stdout
+    assert "2 fp16 boundary, 3 turboquant_4bit_nc" in out.stdout
