@@ -56,3 +56,24 @@ def test_numpy_decode_loop_example_matches_float64():
     assert out.returncode == 0, out.stdout + out.stderr
     assert "worst relative error" in out.stdout
     assert "2 fp16 boundary, 3 turboquant_4bit_nc" in out.stdout
+
+
+@pytest.mark.gpu
+def test_cupy_decode_loop_example():
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, str(EXAMPLES / "cupy_decode_loop.py"), "--layers", "5",
+           "--steps", "40", "--window", "16", "--check-every", "13", "--boundary", "1"]  # fmt: skip
+    env = {**__import__("os").environ, "PYTHONPATH": str(EXAMPLES.parent)}
+    out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "cuda" in out.stdout and "worst relative error" in out.stdout
+
+
+@pytest.mark.gpu
+def test_torch_nvfp4_example():
+    pytest.importorskip("torch")
+    from kvkit.testing.tolerance import DECODE_GPU_RTOL
+
+    assert load("torch_nvfp4").main(batch=2, seq_len=300) <= DECODE_GPU_RTOL
