@@ -86,7 +86,18 @@ class Format:
         return 1.0
 
     def cuda_defines(self) -> dict[str, str]:
-        """Preprocessor defines that describe this format to the CUDA kernels."""
+        """Preprocessor defines that describe this format to the CUDA kernels (a new dict).
+
+        Rendered once per format object (formats are immutable): the TurboQuant codebook and
+        signs as text cost about 0.1 ms, which a launch on the hot path must not pay.
+        """
+        cached = self.__dict__.get("_cuda_defines_cache")
+        if cached is None:
+            cached = self._render_cuda_defines()
+            object.__setattr__(self, "_cuda_defines_cache", cached)  # frozen: bypass
+        return dict(cached)
+
+    def _render_cuda_defines(self) -> dict[str, str]:
         d = {"KV_HEAD_DIM": str(self.head_dim)}
         for pname, spec in self.planes.items():
             d[f"KV_PLANE_{pname.upper()}_WIDTH"] = str(spec.width)

@@ -49,8 +49,8 @@ class DenseFormat(Format):
     def decode(self, planes, k_scale=1.0, v_scale=1.0):
         return self._dec(planes["k"]), self._dec(planes["v"])
 
-    def cuda_defines(self):
-        d = super().cuda_defines()
+    def _render_cuda_defines(self):
+        d = super()._render_cuda_defines()
         d["KV_FORMAT_DENSE"] = "1"
         d["KV_DENSE_BF16"] = "1" if self.name == "bf16" else "0"
         return d
@@ -84,7 +84,7 @@ class FP8Format(Format):
         """amax / 448: the largest element maps to E4M3's largest finite value."""
         return amax_scale(x, codecs.E4M3_MAX)
 
-    def cuda_defines(self):
-        d = super().cuda_defines()
+    def _render_cuda_defines(self):
+        d = super()._render_cuda_defines()
         d["KV_FORMAT_FP8"] = "1"
         return d

@@ -112,8 +112,8 @@ class NVFP4Format(Format):
         """Decode-convention global scale amax / (6 * 448)."""
         return amax_scale(x, TARGET * codecs.E4M3_MAX)
 
-    def cuda_defines(self):
-        d = super().cuda_defines()
+    def _render_cuda_defines(self):
+        d = super()._render_cuda_defines()
         d["KV_FORMAT_NVFP4"] = "1"
         d["KV_NVFP4_BLOCK"] = str(BLOCK)
         d["KV_NVFP4_FOUR_OVER_SIX"] = "1" if self.four_over_six else "0"

@@ -186,8 +186,8 @@ class TurboQuantFormat(Format):
         """FP8-key presets: amax / 448 for k_scale; MSE presets have no global scale."""
         return amax_scale(x, codecs.E4M3_MAX) if self.key_kind == "fp8" else 1.0
 
-    def cuda_defines(self):
-        d = super().cuda_defines()
+    def _render_cuda_defines(self):
+        d = super()._render_cuda_defines()
         d.update(
             KV_FORMAT_TURBOQUANT="1",
             TQ_KEY_FP8="1" if self.key_kind == "fp8" else "0",
