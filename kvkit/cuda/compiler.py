@@ -25,7 +25,7 @@ import re
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 #: Every target kvkit builds for: (NVRTC -arch for a real build, virtual arch for PTX).
@@ -204,8 +204,17 @@ def device_arch(device_id: int | None = None) -> str:
     """The native target of a CUDA device, e.g. ``"sm_90"`` (Blackwell: ``"sm_100a"``...)."""
     import cupy
 
-    dev = cupy.cuda.Device(device_id)
-    cc = int(dev.compute_capability)
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
+    return _device_arch(int(device_id))
+
+
+@cache
+def _device_arch(device_id: int) -> str:
+    # A device's compute capability never changes: ask the runtime once per device.
+    import cupy
+
+    cc = int(cupy.cuda.Device(device_id).compute_capability)
     arch = f"sm_{cc}"
     if cc >= 100:
         arch += "a"  # the arch-specific target carries the FP4 conversions
