@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ._checks import check_int
 from .formats import Format, check_global_scale
 from .sequences import SequenceManager
 
@@ -116,14 +117,6 @@ def _array_module(backend: str):
     return cupy
 
 
-def _positive_int(name: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value}")
-    return int(value)
-
-
 class PagedKVCache:
     """Paged KV cache: ``num_layers`` layers of planes in one or several formats.
 
@@ -145,10 +138,10 @@ class PagedKVCache:
         block_size: int,
         backend: str | None = None,
     ):
-        num_layers = _positive_int("num_layers", num_layers)
-        num_kv_heads = _positive_int("num_kv_heads", num_kv_heads)
-        num_blocks = _positive_int("num_blocks", num_blocks)
-        block_size = _positive_int("block_size", block_size)
+        num_layers = check_int("num_layers", num_layers, 1)
+        num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
+        num_blocks = check_int("num_blocks", num_blocks, 1)
+        block_size = check_int("block_size", block_size, 1)
         if block_size not in BLOCK_SIZES:
             raise ValueError(f"block_size must be one of {BLOCK_SIZES}, got {block_size}")
         if backend is None:

@@ -8,11 +8,9 @@ kernels flag bad indices instead and `validate=True` raises them).
 
 from __future__ import annotations
 
-import math
-import numbers
-
 import numpy as np
 
+from kvkit._checks import check_int, check_positive_finite
 from kvkit.splits import MAX_SPLITS
 
 __all__ = ["check_decode_args", "check_decode_indices", "check_decode_shapes"]
@@ -23,23 +21,6 @@ _QUERY_DTYPES = ("float16", "float32", "bfloat16")
 def _dtype_name(arr) -> str:
     dtype = getattr(arr, "dtype", None)
     return getattr(dtype, "name", str(dtype))
-
-
-def _check_positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return int(value)
-
-
-def _check_positive_finite(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return value
 
 
 def check_decode_shapes(
@@ -77,10 +58,10 @@ def check_decode_shapes(
     Raises:
         TypeError / ValueError naming the offending argument.
     """
-    num_kv_heads = _check_positive_int("num_kv_heads", num_kv_heads)
-    head_dim = _check_positive_int("head_dim", head_dim)
-    _check_positive_int("num_blocks", num_blocks)
-    _check_positive_int("block_size", block_size)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
+    head_dim = check_int("head_dim", head_dim, 1)
+    check_int("num_blocks", num_blocks, 1)
+    check_int("block_size", block_size, 1)
 
     for name, arr in (("q", q), ("block_tables", block_tables), ("seq_lens", seq_lens)):
         if not hasattr(arr, "shape") or not hasattr(arr, "dtype"):
@@ -116,16 +97,16 @@ def check_decode_shapes(
     if seq_lens.shape != (batch,):
         raise ValueError(f"seq_lens must be (B={batch},), got shape {seq_lens.shape}")
 
-    _check_positive_finite("scale", scale)
+    check_positive_finite("scale", scale)
     if num_splits is not None:
-        _check_positive_int("num_splits", num_splits)
+        check_int("num_splits", num_splits, 1)
         if num_splits > MAX_SPLITS:
             # Same bound as the CUDA backend, whose grid is static at MAX_SPLITS.
             raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
     if window is not None:
-        _check_positive_int("window", window)
+        check_int("window", window, 1)
     if softcap is not None:
-        _check_positive_finite("softcap", softcap)
+        check_positive_finite("softcap", softcap)
     if sinks is not None:
         if not hasattr(sinks, "shape") or not hasattr(sinks, "dtype"):
             raise TypeError(f"sinks must be an array, got {type(sinks).__name__}")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import formats
+from ._checks import check_int
 from .formats import Format
 
 __all__ = [
@@ -37,14 +38,6 @@ __all__ = [
 DEFAULT_BOUNDARY_LAYERS = 2
 #: Format of the boundary layers (unquantized).
 DEFAULT_BOUNDARY_FORMAT = "fp16"
-
-
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
@@ -69,11 +62,11 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError("name must be a non-empty string")
-        _check_int("num_layers", self.num_layers, 1)
-        _check_int("num_kv_heads", self.num_kv_heads, 1)
-        _check_int("head_dim", self.head_dim, 1)
+        check_int("num_layers", self.num_layers, 1)
+        check_int("num_kv_heads", self.num_kv_heads, 1)
+        check_int("head_dim", self.head_dim, 1)
         if self.num_q_heads is not None:
-            _check_int("num_q_heads", self.num_q_heads, 1)
+            check_int("num_q_heads", self.num_q_heads, 1)
             if self.num_q_heads % self.num_kv_heads:
                 raise ValueError(
                     f"num_q_heads ({self.num_q_heads}) must be a multiple of "
@@ -147,8 +140,8 @@ def boundary_layer_count(num_layers: int, boundary_layers: int = DEFAULT_BOUNDAR
 
     The total number of boundary layers is twice this.
     """
-    _check_int("num_layers", num_layers, 1)
-    _check_int("boundary_layers", boundary_layers, 0)
+    check_int("num_layers", num_layers, 1)
+    check_int("boundary_layers", boundary_layers, 0)
     return min(boundary_layers, num_layers // 2)
 
 
@@ -157,7 +150,7 @@ def is_boundary_layer(
 ) -> bool:
     """Whether layer ``layer`` (0-based) is among the first or last ``n`` layers."""
     n = boundary_layer_count(num_layers, boundary_layers)
-    _check_int("layer", layer, 0)
+    check_int("layer", layer, 0)
     if layer >= num_layers:
         raise ValueError(f"layer {layer} out of range for {num_layers} layers")
     return layer < n or layer >= num_layers - n

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from ._checks import check_int
 from .cache import CacheLayer
 from .ops import _check_layer, _decode_cuda, decode
 
@@ -50,8 +51,7 @@ class DecodePlan:
         self.layer = _check_layer(layer)
         for name, value in (("batch", batch), ("num_heads", num_heads),
                             ("max_blocks", max_blocks), ("q_len", q_len)):  # fmt: skip
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+            check_int(name, value, 1)
         if num_heads % layer.num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of {layer.num_kv_heads}")
         if q_dtype not in ("float16", "bfloat16", "float32"):

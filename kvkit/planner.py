@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 
 from . import formats
+from ._checks import check_int
 from .formats import Format
 from .models import (
     DEFAULT_BOUNDARY_FORMAT,
@@ -126,19 +127,11 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
-def _check_int(name: str, value: object, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
 def bytes_per_token(layer_fmts: Sequence[Format], num_kv_heads: int) -> int:
     """KV-cache bytes of one token across all layers: sum of ``num_kv_heads *
     fmt.bytes_per_token_head`` over ``layer_fmts`` (one format per layer), K and V together.
     """
-    _check_int("num_kv_heads", num_kv_heads, 1)
+    check_int("num_kv_heads", num_kv_heads, 1)
     return sum(num_kv_heads * f.bytes_per_token_head for f in layer_fmts)
 
 
@@ -146,7 +139,7 @@ def window_bytes_per_token(layer_fmts: Sequence[Format], num_kv_heads: int) -> i
     """Bytes of one recent-window token: fp16 K and V (``4 * head_dim`` B per head) in every
     layer of ``layer_fmts``, times ``num_kv_heads``.
     """
-    _check_int("num_kv_heads", num_kv_heads, 1)
+    check_int("num_kv_heads", num_kv_heads, 1)
     return sum(
         num_kv_heads * formats.get(WINDOW_FORMAT, f.head_dim).bytes_per_token_head
         for f in layer_fmts
@@ -156,10 +149,10 @@ def window_bytes_per_token(layer_fmts: Sequence[Format], num_kv_heads: int) -> i
 def window_tokens_reserved(window: int, block_size: int | None = None) -> int:
     """fp16 window tokens reserved per sequence: ``window``, or with ``block_size`` whole
     pages for ``window + block_size - 1`` tokens (0 when ``window`` is 0)."""
-    _check_int("window", window, 0)
+    check_int("window", window, 0)
     if window == 0 or block_size is None:
         return window
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, 1)
     return -(-(window + block_size - 1) // block_size) * block_size
 
 
@@ -182,13 +175,13 @@ def tokens_that_fit(
     page) only whole pages of ``block_size * bytes_per_token`` B count, so the result is a
     multiple of ``block_size``. 0 when ``reserved_bytes >= memory_bytes``.
     """
-    _check_int("memory_bytes", memory_bytes, 0)
-    _check_int("bytes_per_token", bytes_per_token, 1)
-    _check_int("reserved_bytes", reserved_bytes, 0)
+    check_int("memory_bytes", memory_bytes, 0)
+    check_int("bytes_per_token", bytes_per_token, 1)
+    check_int("reserved_bytes", reserved_bytes, 0)
     available = max(memory_bytes - reserved_bytes, 0)
     if block_size is None:
         return available // bytes_per_token
-    _check_int("block_size", block_size, 1)
+    check_int("block_size", block_size, 1)
     return available // (block_size * bytes_per_token) * block_size
 
 
@@ -263,11 +256,11 @@ def plan(
         block_size: tokens per page; rounds tokens down to whole pages. None: no rounding.
         fmt_options: passed to ``kvkit.formats.get`` for ``fmt_name``.
     """
-    _check_int("memory_bytes", memory_bytes, 0)
-    _check_int("window", window, 0)
-    _check_int("sequences", sequences, 1)
+    check_int("memory_bytes", memory_bytes, 0)
+    check_int("window", window, 0)
+    check_int("sequences", sequences, 1)
     if block_size is not None:
-        _check_int("block_size", block_size, 1)
+        check_int("block_size", block_size, 1)
     fmts = layer_formats(
         model.num_layers,
         fmt_name,

@@ -7,7 +7,7 @@ backends cut a sequence into exactly the same page-aligned pieces.
 
 from __future__ import annotations
 
-import numbers
+from kvkit._checks import check_int
 
 __all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
 
@@ -21,15 +21,6 @@ MAX_SPLITS = 32
 #: Work items per worker the heuristic aims for: more than one wave hides the tail of
 #: uneven sequence lengths, more than a few only adds merge traffic.
 _TARGET_WAVES = 2
-
-
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    value = int(value)
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return value
 
 
 def page_range(seq_len, block_size, num_splits, split):
@@ -63,10 +54,10 @@ def split_page_range(seq_len: int, block_size: int, num_splits: int, split: int)
         (first_page, end_page) as ints, indices into the sequence's block-table row; the
         split is empty when first_page >= end_page (then end_page may be < first_page).
     """
-    seq_len = _check_int("seq_len", seq_len, 0)
-    block_size = _check_int("block_size", block_size, 1)
-    num_splits = _check_int("num_splits", num_splits, 1)
-    split = _check_int("split", split, 0)
+    seq_len = check_int("seq_len", seq_len, 0)
+    block_size = check_int("block_size", block_size, 1)
+    num_splits = check_int("num_splits", num_splits, 1)
+    split = check_int("split", split, 0)
     if split >= num_splits:
         raise ValueError(f"split must be < num_splits={num_splits}, got {split}")
     return page_range(seq_len, block_size, num_splits, split)
@@ -100,12 +91,12 @@ def choose_num_splits(
     Returns:
         int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
     """
-    batch = _check_int("batch", batch, 1)
-    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1)
-    max_seq_len = _check_int("max_seq_len", max_seq_len, 0)
-    block_size = _check_int("block_size", block_size, 1)
-    num_workers = _check_int("num_workers", num_workers, 1)
-    max_splits = _check_int("max_splits", max_splits, 1)
+    batch = check_int("batch", batch, 1)
+    num_kv_heads = check_int("num_kv_heads", num_kv_heads, 1)
+    max_seq_len = check_int("max_seq_len", max_seq_len, 0)
+    block_size = check_int("block_size", block_size, 1)
+    num_workers = check_int("num_workers", num_workers, 1)
+    max_splits = check_int("max_splits", max_splits, 1)
 
     n_pages = max(1, -(-max_seq_len // block_size))
     items = batch * num_kv_heads

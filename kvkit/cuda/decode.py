@@ -35,11 +35,11 @@ the device (``MaxSharedMemoryPerBlockOptin``), B <= 65535 and Hkv <= 65535 (grid
 from __future__ import annotations
 
 import math
-import numbers
 import os
 
 import numpy as np
 
+from .._checks import check_int, check_positive_finite
 from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
 
@@ -243,21 +243,6 @@ def _resident_ctas(rows_x_dim: int, smem: int) -> int:
     return max(1, min(by_regs, _SMEM_PER_SM // (smem + 1024)))
 
 
-def _check_int(name: str, value, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
-    return int(value)
-
-
-def _check_positive_float(name: str, value) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
-    value = float(value)
-    if not (math.isfinite(value) and value > 0.0):
-        raise ValueError(f"{name} must be finite and > 0, got {value}")
-    return value
 
 
 def decode(
@@ -339,9 +324,9 @@ def decode(
         )
     block_tables = cupy.ascontiguousarray(block_tables)
     seq_lens = cupy.ascontiguousarray(seq_lens)
-    scale = _check_positive_float("scale", scale)
-    window = 0 if window is None else _check_int("window", window, 1)
-    softcap = 0.0 if softcap is None else _check_positive_float("softcap", softcap)
+    scale = check_positive_finite("scale", scale)
+    window = 0 if window is None else check_int("window", window, 1)
+    softcap = 0.0 if softcap is None else check_positive_finite("softcap", softcap)
     if sinks is not None:
         if tuple(sinks.shape) != (num_heads,):
             raise ValueError(f"sinks must be (Hq={num_heads},), got {sinks.shape}")
@@ -353,7 +338,7 @@ def decode(
     max_blocks = block_tables.shape[1]
     bs = layer.block_size
     if num_splits is not None:
-        num_splits = _check_int("num_splits", num_splits, 1)
+        num_splits = check_int("num_splits", num_splits, 1)
         if num_splits > MAX_SPLITS:
             raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
 
