@@ -28,6 +28,8 @@ import numpy as np
 
 from kvkit.testing.rng import derive
 from kvkit.testing.synthetic import llm_like_kv, llm_like_queries
+from kvkit.testing.tolerance import rel_frobenius
+from kvkit.texttable import render_table
 
 __all__ = ["DemoConfig", "DemoError", "DemoRow", "format_table", "run_demo"]
 
@@ -133,14 +135,6 @@ def _global_scales(fmt, k: np.ndarray, v: np.ndarray) -> tuple[float, float] | N
     return float(fmt.calibrate(k)), float(fmt.calibrate(v))
 
 
-def _frobenius_rel_error(out: np.ndarray, ref: np.ndarray) -> float:
-    out = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    den = float(np.linalg.norm(ref))
-    err = float(np.linalg.norm(out - ref))
-    return err / den if den > 0 else err
-
-
 def _check(cfg: DemoConfig) -> None:
     for attr in ("head_dim", "seq_len", "batch", "num_q_heads", "num_kv_heads", "block_size"):
         if getattr(cfg, attr) < 1:
@@ -239,7 +233,7 @@ def run_demo(cfg: DemoConfig) -> list[DemoRow]:
                 format=name,
                 bytes_per_token_head=nbytes,
                 compression=fp16_bytes / nbytes,
-                rel_error=_frobenius_rel_error(o, ref_o),
+                rel_error=rel_frobenius(o, ref_o),
                 top1=agree / (b * hq),
                 write_ms=write_ms,
                 decode_ms=decode_ms,
@@ -273,19 +267,11 @@ def format_table(rows: Sequence[DemoRow], cfg: DemoConfig) -> str:
         ]
         for r in rows
     ]
-    widths = [max(len(h), *(len(c[j]) for c in cells)) for j, (h, _) in enumerate(_COLUMNS)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            f"{v:{align}{w}}" for v, (_, align), w in zip(values, _COLUMNS, widths)
-        ).rstrip()
-
     caption = (
         f"kvkit demo: backend {cfg.backend}, batch {cfg.batch}, seq_len {cfg.seq_len}, "
         f"q heads {cfg.num_q_heads}, kv heads {cfg.num_kv_heads}, head_dim {cfg.head_dim}, "
         f"block_size {cfg.block_size}, seed {cfg.seed}"
     )
-    header = line([h for h, _ in _COLUMNS])
     legend = "\n".join(
         [
             "bytes/token-head: K+V bytes per token per KV head; vs fp16: compression factor.",
@@ -297,5 +283,4 @@ def format_table(rows: Sequence[DemoRow], cfg: DemoConfig) -> str:
             f"{cfg.batch * cfg.seq_len} tokens, decode = one step for the batch.",
         ]
     )
-    body = [line(c) for c in cells]
-    return "\n".join([caption, "", header, "-" * len(header), *body, "", legend])
+    return "\n".join([caption, "", *render_table(_COLUMNS, cells), "", legend])

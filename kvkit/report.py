@@ -49,6 +49,8 @@ import numpy as np
 
 from kvkit.testing.rng import derive
 from kvkit.testing.synthetic import llm_like_kv, llm_like_queries
+from kvkit.testing.tolerance import rel_frobenius
+from kvkit.texttable import render_table
 
 __all__ = [
     "FormatResult",
@@ -155,12 +157,6 @@ def _check(cfg: ReportConfig) -> None:
     margins = list(cfg.margins)
     if not margins or any(not (math.isfinite(m) and m > 0) for m in margins):
         raise ReportError(f"margins must be positive and finite, got {margins}")
-
-
-def _rel_frobenius(x_hat: np.ndarray, x: np.ndarray) -> float:
-    den = float(np.linalg.norm(x))
-    err = float(np.linalg.norm(x_hat - x))
-    return err / den if den > 0 else err
 
 
 def _vector_error(x_hat: np.ndarray, x: np.ndarray) -> float:
@@ -382,15 +378,15 @@ def run_report(cfg: ReportConfig, progress: Progress | None = None) -> list[Form
                 bytes_per_token_head=nbytes,
                 bits_per_element=8.0 * nbytes / (2 * d),
                 capacity_vs_fp16=fp16_bytes / nbytes,
-                k_rel_error=_rel_frobenius(kh, k64),
+                k_rel_error=rel_frobenius(kh, k64),
                 k_vector_error=_vector_error(kh, k64),
-                v_rel_error=_rel_frobenius(vh, v64),
+                v_rel_error=rel_frobenius(vh, v64),
                 v_vector_error=_vector_error(vh, v64),
                 score_slope=slope,
                 score_rel_rms=rel_rms,
                 score_rms_logits=rms_logits,
                 attention_tv=tv,
-                output_rel_error=_rel_frobenius(np.asarray(o, dtype=np.float64), o_ref),
+                output_rel_error=rel_frobenius(np.asarray(o, dtype=np.float64), o_ref),
                 needle_rate=rates,
             )
         )
@@ -435,19 +431,11 @@ def format_table(results: Sequence[FormatResult], cfg: ReportConfig) -> str:
         ]
         for r in results
     ]
-    widths = [max(len(h), *(len(c[j]) for c in cells)) for j, (h, _) in enumerate(columns)]
-
-    def line(values: Sequence[str]) -> str:
-        return "  ".join(
-            f"{v:{align}{w}}" for v, (_, align), w in zip(values, columns, widths)
-        ).rstrip()
-
     caption = (
         f"kvkit report: backend cpu, {cfg.sequences} sequences x {cfg.tokens} tokens, "
         f"q heads {cfg.num_q_heads}, kv heads {cfg.num_kv_heads}, head_dim {cfg.head_dim}, "
         f"needle trials {cfg.trials}, seed {cfg.seed}"
     )
-    header = line([h for h, _ in columns])
     legend = "\n".join(
         [
             "bits/el: 8 * bytes_per_token_head / (2 * head_dim); vs fp16: tokens per byte "
@@ -461,9 +449,7 @@ def format_table(results: Sequence[FormatResult], cfg: ReportConfig) -> str:
             "above the best other token.",
         ]
     )
-    return "\n".join(
-        [caption, "", header, "-" * len(header), *(line(c) for c in cells), "", legend]
-    )
+    return "\n".join([caption, "", *render_table(columns, cells), "", legend])
 
 
 def to_json(results: Sequence[FormatResult], cfg: ReportConfig) -> dict:

@@ -43,3 +43,16 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     if not np.all(np.isfinite(worst)):
         return float("inf")
     return float(worst.max())
+
+
+def rel_frobenius(out: np.ndarray, ref: np.ndarray) -> float:
+    """||out - ref||_F / ||ref||_F in float64 (absolute when ref is all zeros).
+
+    A whole-array error for quality reports (demo, report), where single near-zero rows
+    should not dominate as they can in ``rel_error``.
+    """
+    out = np.asarray(out, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = float(np.linalg.norm(ref))
+    err = float(np.linalg.norm(out - ref))
+    return err / den if den > 0 else err

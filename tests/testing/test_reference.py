@@ -139,3 +139,14 @@ def test_paged_gather_matches_contiguous():
         o_b, lse_b = attention_f64(q[b], k, v, window=5)
         _close(o[b], o_b)
         _close(lse[b], lse_b)
+
+
+def test_rel_frobenius_and_text_table():
+    from kvkit.testing.tolerance import rel_frobenius
+    from kvkit.texttable import render_table
+
+    ref = np.array([[3.0, 4.0], [0.0, 0.0]])
+    assert rel_frobenius(ref + np.array([[0.0, 0.5], [0.0, 0.0]]), ref) == 0.1
+    assert rel_frobenius(np.ones(2), np.zeros(2)) == np.sqrt(2.0)
+    lines = render_table([("name", "<"), ("x", ">")], [["a", "1.5"], ["long", "10.25"]])
+    assert lines == ["name      x", "-----------", "a       1.5", "long  10.25"]
