@@ -42,6 +42,7 @@ import numpy as np
 from .._checks import check_int, check_positive_finite
 from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
+from .write import plane_args
 
 __all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
 
@@ -112,23 +113,14 @@ def stage1_scales(layer, scale: float) -> tuple[np.float32, np.float32]:
 
 
 def _plane_args(plane, name: str) -> list:
-    """[plane, stride_block, stride_head, stride_token (elements, int64), load width (int32)].
+    """``write.plane_args`` (plane and its strides in elements) + the load width (int32).
 
     The load width is the largest of 16, 8, 4, 2, 1 bytes dividing the base address and
     every stride in bytes, so every row of the plane starts at such a boundary.
     """
-    if plane.ndim != 4:
-        raise ValueError(
-            f"plane {name!r} must be (num_blocks, H, block_size, width), got {plane.shape}"
-        )
+    args = plane_args(plane, name)
     item = plane.itemsize
     strides = plane.strides
-    if strides[3] != item:
-        raise ValueError(f"plane {name!r}: the last axis must be contiguous, strides {strides}")
-    if any(s < 0 or s % item for s in strides[:3]):
-        raise ValueError(
-            f"plane {name!r}: strides {strides} must be non-negative multiples of {item}"
-        )
     vec = 16
     addr = int(plane.data.ptr)
     while vec > 1 and any(x % vec for x in (addr, *strides[:3])):
@@ -137,7 +129,7 @@ def _plane_args(plane, name: str) -> list:
     # so runs of tokens can be copied 16 bytes at a time whatever the row width.
     if strides[2] == plane.shape[3] * item and not any(x % 16 for x in (addr, *strides[:2])):
         vec |= SLAB_BIT
-    return [plane] + [np.int64(s // item) for s in strides[:3]] + [np.int32(vec)]
+    return args + [np.int32(vec)]
 
 
 _device_info: dict[int, tuple[int, int]] = {}

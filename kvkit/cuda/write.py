@@ -58,16 +58,25 @@ def _grid(work: int, per_cta: int) -> tuple[int]:
     return ((work + per_cta - 1) // per_cta,)
 
 
-def plane_args(plane) -> list:
-    """[plane, stride_block, stride_head, stride_token] with strides in elements (int64)."""
+def plane_args(plane, name: str = "plane") -> list:
+    """[plane, stride_block, stride_head, stride_token] with strides in elements (int64).
+
+    A plane is (num_blocks, H, block_size, width) with a contiguous last axis and strides
+    that are non-negative multiples of its element size (every kernel's addressing).
+    """
     if plane.ndim != 4:
-        raise ValueError(f"a plane must be (num_blocks, H, block_size, width), got {plane.shape}")
+        raise ValueError(
+            f"plane {name!r} must be (num_blocks, H, block_size, width), got {plane.shape}"
+        )
     item = plane.itemsize
-    if plane.strides[3] != item:
-        raise ValueError("a plane's last axis must be contiguous")
-    if any(s % item for s in plane.strides[:3]):
-        raise ValueError(f"plane strides {plane.strides} are not multiples of the element size")
-    return [plane] + [np.int64(s // item) for s in plane.strides[:3]]
+    strides = plane.strides
+    if strides[3] != item:
+        raise ValueError(f"plane {name!r}: the last axis must be contiguous, strides {strides}")
+    if any(s < 0 or s % item for s in strides[:3]):
+        raise ValueError(
+            f"plane {name!r}: strides {strides} must be non-negative multiples of {item}"
+        )
+    return [plane] + [np.int64(s // item) for s in strides[:3]]
 
 
 def slot_define(slots) -> str:
