@@ -33,7 +33,7 @@ import numpy as np
 from . import formats
 from .cache import PagedKVCache
 from .ops import decode, dequantize, merge_states, write_kv
-from .sequences import OutOfBlocksError
+from .sequences import BlockAllocator, OutOfBlocksError
 
 
 class ModelKVCache:
@@ -88,7 +88,7 @@ class ModelKVCache:
                 formats.get("fp16", head_dim), num_layers, num_kv_heads, n_win, block_size,
                 backend,
             )  # fmt: skip
-            self._win_free = deque(range(n_win))
+            self._win_blocks = BlockAllocator(n_win)
 
     @property
     def formats(self):
@@ -103,10 +103,9 @@ class ModelKVCache:
 
     def free(self, seq_id: int) -> None:
         self.cache.free(seq_id)
+        pages = self._win_pages.pop(seq_id)
         if self.window:
-            self._win_free.extend(self._win_pages.pop(seq_id))
-        else:
-            self._win_pages.pop(seq_id)
+            self._win_blocks.decref(pages)
         self._win_len.pop(seq_id)
 
     def seq_len(self, seq_id: int) -> int:
@@ -129,19 +128,18 @@ class ModelKVCache:
         bs = self.block_size
         in_last = (-length) % bs  # free slots in the window's last page
         need = max(0, -(-(n - in_last) // bs))
-        if need > len(self._win_free):
+        if need > self._win_blocks.num_free:
             raise OutOfBlocksError(
-                f"window cache out of pages: {need} needed, {len(self._win_free)} free"
+                f"window cache out of pages: {need} needed, {self._win_blocks.num_free} free"
             )
         main_slots = self.cache.append_tokens(seq_id, n)
-        for _ in range(need):
-            pages.append(self._win_free.popleft())
+        pages.extend(self._win_blocks.allocate(need))
         # Release the oldest (always full) pages the window no longer needs; a new token
         # that falls in a released page (n > R) is not written to the window (slot -1).
         total = length + n
         dropped = 0
         while total - dropped - bs >= self.window and len(pages) > 1:
-            self._win_free.append(pages.popleft())
+            self._win_blocks.decref([pages.popleft()])
             dropped += bs
         self._win_len[seq_id] = total - dropped
         pos = np.arange(length, total) - dropped

@@ -62,12 +62,12 @@ def test_sinks_and_softcap_apply_once():
 def test_boundary_layers_and_free_returns_window_pages():
     mc = ModelKVCache(6, H, D, "nvfp4", num_blocks=40, block_size=BS, window=16, boundary_layers=2)
     assert [f.name for f in mc.formats] == ["fp16", "fp16", "nvfp4", "nvfp4", "fp16", "fp16"]
-    free_before = len(mc._win_free)
+    free_before = len(mc._win_blocks.free_list())
     s = mc.add_sequence()
     mc.append_tokens(s, 50)
-    assert len(mc._win_free) < free_before
+    assert len(mc._win_blocks.free_list()) < free_before
     mc.free(s)
-    assert len(mc._win_free) == free_before
+    assert len(mc._win_blocks.free_list()) == free_before
 
 
 def test_window_smaller_than_q_len_is_rejected():
