@@ -187,9 +187,9 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     return func, smem
 
 
-#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes). The
-#: format's defines cost up to ~80 us to build (TurboQuant's codebook and signs as text), far
-#: more than the kernels at small batch, so a decode step looks its kernel up by identity.
+#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes). A key
+#: built from the defines themselves (TurboQuant's codebook and signs as text) costs more to
+#: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
 _stage1_fast: dict[tuple, tuple[object, object, int]] = {}
 
 
