@@ -58,9 +58,37 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
     return kv_dense_row4(rows[1], d);
 }
 
+// Tensor-core hooks (common/decode_mma.cuh): fp16 and E4M3 values are exact fp16 operands.
+// bf16 keeps the CUDA-core path (its values do not fit fp16's exponent range).
+#if KV_DENSE_ELEM == 1
+#define KV_MMA 1
+#define KV_MMA_KF KV_E4M3_F16_FACTOR
+#define KV_MMA_VF KV_E4M3_F16_FACTOR
+__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
+                                          const unsigned*, unsigned* hi, unsigned* lo) {
+    *hi = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(rows[0] + d));
+    *lo = 0u;
+}
+__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
+    return kv_dc_e4m3x2_f16x2(rows[1][d]) & 0xFFFFu;
+}
+#elif !KV_DENSE_BF16
+#define KV_MMA 1
+#define KV_MMA_KF 1.0f
+#define KV_MMA_VF 1.0f
+__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
+                                          const unsigned*, unsigned* hi, unsigned* lo) {
+    *hi = *reinterpret_cast<const unsigned*>(rows[0] + 2 * d);
+    *lo = 0u;
+}
+__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
+    return *reinterpret_cast<const unsigned short*>(rows[1] + 2 * d);
+}
+#endif
+
 #include "common/decode_core.cuh"
 
-// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_smem_bytes.
+// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_launch[0].
 extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_dense_stage1(
     const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
     const unsigned char* __restrict__ p0,  // K plane (num_blocks, Hkv, block_size, D)

@@ -49,9 +49,24 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
     return kv_nvfp4_row4(rows[2], rows[3], d);
 }
 
+// Tensor-core hooks (common/decode_mma.cuh): e2m1 * e4m3 products are exact fp16 operands
+// (times 2^-8, see kv_dc_nvfp4x2_f16x2).
+#define KV_MMA 1
+#define KV_MMA_KF 256.0f
+#define KV_MMA_VF 256.0f
+__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
+                                          const unsigned*, unsigned* hi, unsigned* lo) {
+    *hi = kv_dc_nvfp4x2_f16x2(rows[0][d >> 1], kv_dc_nvfp4_sf_f16x2(rows[1][d / KV_NVFP4_BLOCK]));
+    *lo = 0u;
+}
+__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
+    const unsigned code = (rows[2][d >> 1] >> (4 * (d & 1))) & 0xFu;
+    return kv_dc_nvfp4x2_f16x2(code, kv_dc_nvfp4_sf_f16x2(rows[3][d / KV_NVFP4_BLOCK])) & 0xFFFFu;
+}
+
 #include "common/decode_core.cuh"
 
-// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_smem_bytes.
+// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_launch[0].
 extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_nvfp4_stage1(
     const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
     const unsigned char* __restrict__ p0,  // k_data (num_blocks, Hkv, block_size, D/2)

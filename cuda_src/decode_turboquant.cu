@@ -85,9 +85,67 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
     return v;
 }
 
+// Tensor-core hooks (common/decode_mma.cuh). Values: the integer codes (exact in bf16) with
+// (scale, zero) per token. FP8 keys: exact fp16 operands. MSE keys: the codebook scaled by
+// 2^e (max |c| to [2^14, 2^15)) and split hi + lo in fp16, one table word per code.
+#define KV_MMA 1
+#define KV_MMA_VCODES 1
+#define KV_MMA_VF 1.0f
+#if TQ_KEY_FP8
+#define KV_MMA_KF KV_E4M3_F16_FACTOR
+__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
+                                          const unsigned*, unsigned* hi, unsigned* lo) {
+    *hi = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(rows[0] + d));
+    *lo = 0u;
+}
+#else
+#define KV_MMA_KF 1.0f
+#define KV_MMA_KSPLIT 1
+#define KV_MMA_TABLE_WORDS (1 << TQ_KEY_BITS)
+// Table word i: fp16 hi | fp16 lo << 16 of c[i] * 2^e; returns 2^-e (the scores' factor).
+__device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid) {
+    float mx = 0.f;
+#pragma unroll
+    for (int i = 0; i < (1 << TQ_KEY_BITS); ++i) mx = fmaxf(mx, fabsf(kv_tq_centroids[i]));
+    int e = mx > 0.f ? 14 - kv_ilog2(mx) : 0;
+    e = e < -100 ? -100 : (e > 100 ? 100 : e);
+    if (tid < (1 << TQ_KEY_BITS)) {
+        const float x = kv_tq_centroids[tid] * kv_pow2(e);
+        unsigned hi, lo;
+        kv_split_f16x2(x, 0.f, &hi, &lo);
+        table[tid] = (hi & 0xFFFFu) | (lo << 16);
+    }
+    return kv_pow2(-e);
+}
+__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
+                                          const unsigned* table, unsigned* hi, unsigned* lo) {
+    unsigned i0, i1;
+    if constexpr (TQ_KEY_BITS == 4) {
+        const unsigned byte = rows[0][d >> 1];
+        i0 = byte & 0xFu;
+        i1 = byte >> 4;
+    } else {
+        i0 = kv_dc_get_code<TQ_KEY_BITS>(rows[0], d);
+        i1 = kv_dc_get_code<TQ_KEY_BITS>(rows[0], d + 1);
+    }
+    const unsigned e0 = table[i0];
+    const unsigned e1 = table[i1];
+    *hi = __byte_perm(e0, e1, 0x5410);
+    *lo = __byte_perm(e0, e1, 0x7632);
+}
+#endif
+__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
+    return kv_dc_get_code<TQ_VALUE_BITS>(rows[0] + TQ_VALUE_OFFSET, d);
+}
+__device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,
+                                            float* z) {
+    *sc = kv_dc_f16_at(rows[0] + TQ_VALUE_SCALE_OFFSET);
+    *z = kv_dc_f16_at(rows[0] + TQ_VALUE_ZERO_OFFSET);
+}
+
 #include "common/decode_core.cuh"
 
-// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_smem_bytes.
+// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_launch[0].
 extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_turboquant_stage1(
     const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
     const unsigned char* __restrict__ p0,  // slots (num_blocks, Hkv, block_size, TQ_SLOT_BYTES)

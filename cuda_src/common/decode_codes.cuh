@@ -10,6 +10,8 @@
 //   bf16: the upper 16 bits of a float32.
 #pragma once
 
+#include "common/arch.cuh"
+
 __device__ __forceinline__ float kv_dc_e2m1(unsigned code) {
     const unsigned m = code & 7u;
     // m >= 2: exponent field (m >> 1) >= 1, value 2^((m>>1)-1) * (1 + (m&1)/2), i.e. float32
@@ -83,3 +85,84 @@ __device__ __forceinline__ unsigned kv_dc_codes4(const unsigned char* p, int d) 
             return x & ((1u << (4 * BITS)) - 1u);
     }
 }
+
+// ---- fp16 tensor-core operands (decode_mma.cuh) -----------------------------------------
+// Every value below is exact in fp16, so an fp16 mma with float32 accumulation adds nothing
+// but float32 rounding (DESIGN.md section 4). Scaled variants say their power-of-two factor.
+
+
+// Two E4M3 bytes (element 2j in the low byte) -> fp16x2 (element 2j in the low half), each
+// half = e4m3 * KV_E4M3_F16_FACTOR^-1. Hardware: cvt.rn.f16x2.e4m3x2 (sm_89+), exact, factor
+// 1. Software: the E4M3 exponent/mantissa fields dropped into an fp16's (bias 15 vs 7, so the
+// half is e4m3 * 2^-8, subnormals included), NaN (|b| = 0x7F) patched to an fp16 NaN.
+#if KVKIT_HW_FP8
+#define KV_E4M3_F16_FACTOR 1.0f
+#else
+#define KV_E4M3_F16_FACTOR 256.0f
+#endif
+__device__ __forceinline__ unsigned kv_dc_e4m3x2_f16x2(unsigned two) {
+#if KVKIT_HW_FP8
+    unsigned h;
+    const unsigned short s = (unsigned short)two;
+    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h) : "h"(s));
+    return h;
+#else
+    const unsigned u = __byte_perm(two, 0u, 0x1404);  // b0 -> bits 8..15, b1 -> bits 24..31
+    unsigned h = (u & 0x80008000u) | ((u >> 1) & 0x3F803F80u);
+    if ((two & 0x7Fu) == 0x7Fu) h |= 0x7E00u;
+    if ((two & 0x7F00u) == 0x7F00u) h |= 0x7E000000u;
+    return h;
+#endif
+}
+
+// One E2M1 byte (element 2j in the low nibble) -> fp16x2, each half = e2m1 * 2^-14: the
+// sign to bit 15, the 3-bit exponent/mantissa field to bits 9..11 (E2M1's subnormal 0.5 is
+// then fp16's subnormal 2^-15, every normal code lands on its fp16 exponent - 14).
+__device__ __forceinline__ unsigned kv_dc_e2m1x2_f16x2(unsigned byte) {
+    const unsigned u = (byte & 0xFu) | ((byte & 0xF0u) << 12);
+    return ((u & 0x00070007u) << 9) | ((u & 0x00080008u) << 12);
+}
+
+__device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
+    unsigned d;
+    asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// NVFP4 elements 2j, 2j+1 (one code byte) times their E4M3 block scale, as fp16x2 of
+// value * 2^-8: e2m1 * 2^-14 times sf * 2^6 (sf * 2^6 <= 448 * 64 fits fp16; the product has
+// at most 6 significant bits and is a multiple of 2^-18, so the fp16 multiply is exact).
+__device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsigned sf_x2) {
+    return kv_hmul2(kv_dc_e2m1x2_f16x2(code_byte), sf_x2);
+}
+// The block scale operand of kv_dc_nvfp4x2_f16x2: sf * 2^6 in both halves.
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
+    const unsigned h = kv_dc_e4m3x2_f16x2(sf | (sf << 8));
+    // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
+    return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+}
+
+// (lo element, hi element) -> fp16x2 (lo in bits 0..15), round to nearest.
+__device__ __forceinline__ unsigned kv_pack_f16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float kv_f16_lo(unsigned h2) {
+    return kv_dc_f16((unsigned short)(h2 & 0xFFFFu));
+}
+__device__ __forceinline__ float kv_f16_hi(unsigned h2) { return kv_dc_f16((unsigned short)(h2 >> 16)); }
+
+// x = hi + lo (two fp16x2 words) for the pair (x0, x1).
+__device__ __forceinline__ void kv_split_f16x2(float x0, float x1, unsigned* hi, unsigned* lo) {
+    const unsigned h = kv_pack_f16x2(x0, x1);
+    *hi = h;
+    *lo = kv_pack_f16x2(x0 - kv_f16_lo(h), x1 - kv_f16_hi(h));
+}
+
+// 2^e as a float (|e| <= 126).
+__device__ __forceinline__ float kv_pow2(int e) { return __int_as_float((e + 127) << 23); }
+
+// floor(log2(x)) for a finite x > 0 (subnormals report -127).
+__device__ __forceinline__ int kv_ilog2(float x) { return (int)((__float_as_uint(x) >> 23) & 0xFFu) - 127; }

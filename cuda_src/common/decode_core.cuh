@@ -80,10 +80,25 @@
 #endif
 
 
+// Tensor-core core (decode_mma.cuh) when the family provides its hooks (KV_MMA) and the rows
+// and head_dim fit it; -DKVKIT_DECODE_SIMT=1 forces the CUDA-core core (A/B measurements).
+#if defined(KV_MMA) && KV_MMA && (KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 256 && \
+    !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
+#define KVD_USE_MMA 1
+#else
+#define KVD_USE_MMA 0
+#endif
+
 // Register budget: ptxas left alone caps 256-thread kernels at 64 registers and spills; two
 // CTAs per SM (128 registers) hold the accumulators of R * D <= 2048 without spills, larger
 // row counts get the full 255 (one CTA per SM; their shared memory allows no more anyway).
+// The mma core keeps D / 2 accumulator floats per thread: three 128-thread CTAs per SM
+// (<= 168 registers) up to D = 128, one at D = 256.
+#if KVD_USE_MMA
+#define KVD_MIN_BLOCKS (KV_HEAD_DIM <= 128 ? 3 : 1)
+#else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
+#endif
 
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
@@ -100,7 +115,8 @@ constexpr int D = KV_HEAD_DIM;
 constexpr int D4 = D / 4;
 // 256 threads = 8 warps: enough loads in flight to stream a page while keeping the
 // per-thread accumulator (R * D / 256 floats) in registers for every G * q_len we accept.
-constexpr int THREADS = 256;
+// The mma core: 128 threads = 4 warps of 16 tokens per 64-token tile.
+constexpr int THREADS = KVD_USE_MMA ? 128 : 256;
 constexpr int NW = THREADS / KV_WARP;
 // 64 tokens per tile: 4 threads per token in the score phase (every thread busy, 2 shuffle
 // steps per dot) and 3 barriers per 64 tokens. D = 512 rows would make a stage of fp16
@@ -166,11 +182,6 @@ constexpr int SMEM = OFF_STG + STG_BYTES;
 
 }  // namespace kvd
 
-// Dynamic shared memory bytes the stage-1 kernel of this module needs; the launcher reads it
-// once per module (cupy RawModule.get_global) so host and device can never disagree.
-extern "C" {
-__device__ int kv_decode_smem_bytes = kvd::SMEM;
-}
 
 __device__ __forceinline__ float kv_load_q(const void* q, long long idx) {
 #if KV_IN_DTYPE == 0
@@ -354,6 +365,9 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
     return -1;
 }
 
+#if KVD_USE_MMA
+#include "common/decode_mma.cuh"
+#else
 // The stage-1 body; every entry's extern "C" kernel forwards its parameters here.
 // Parameter shapes: see the kernels in decode_dense.cu (identical for every family).
 __device__ __forceinline__ void kv_stage1_body(
@@ -772,4 +786,16 @@ __device__ __forceinline__ void kv_stage1_body(
             }
         }
     }
+}
+#endif  // KVD_USE_MMA
+
+// Launch facts of this module's stage-1 kernel: dynamic shared bytes, threads per CTA. The
+// launcher reads them once per module (cupy RawModule.get_global), so host and device can
+// never disagree.
+extern "C" {
+#if KVD_USE_MMA
+__device__ int kv_decode_launch[2] = {kvm::SMEM, kvd::THREADS};
+#else
+__device__ int kv_decode_launch[2] = {kvd::SMEM, kvd::THREADS};
+#endif
 }

@@ -7,9 +7,9 @@ CuPy stream and never synchronizes (no device array is read on the host):
 stage                  kernel (entry)                               launch
 =====================  ===========================================  ===========================
 1, fp16/bf16/fp8_e4m3  ``kv_decode_dense_stage1`` (decode_dense.cu) grid (num_splits, Hkv, B),
-1, nvfp4*              ``kv_decode_nvfp4_stage1`` (decode_nvfp4.cu) 256 threads, dynamic shared
-1, turboquant_*        ``kv_decode_turboquant_stage1``              ``kv_decode_smem_bytes``
-                       (decode_turboquant.cu)                       of the module
+1, nvfp4*              ``kv_decode_nvfp4_stage1`` (decode_nvfp4.cu) threads and dynamic shared
+1, turboquant_*        ``kv_decode_turboquant_stage1``              bytes from the module's
+                       (decode_turboquant.cu)                       ``kv_decode_launch``
 2                      ``kv_decode_merge_splits`` (decode_merge.cu) 1 warp per (b, i, h) row,
                                                                     4 warps per CTA
 =====================  ===========================================  ===========================
@@ -17,7 +17,8 @@ stage                  kernel (entry)                               launch
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
 heads and all q_len queries of that KV head, so every cache byte is read once per step: tiles of
 64 tokens stream through a cp.async pipeline into shared memory and are dequantized straight
-from there. With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
+from there, on tensor cores for G * q_len <= 16 at head_dim <= 256 (except bf16), on the CUDA
+cores otherwise (``cuda_src/common/decode_mma.cuh``, ``decode_core.cuh``). With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
 grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
 scale (K) and into the partial accumulators (V), see ``stage1_scales``.
@@ -46,9 +47,10 @@ from .write import plane_args
 
 __all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
 
-#: Threads of a stage-1 CTA (kvd::THREADS in cuda_src/common/decode_core.cuh).
+#: Threads of a CUDA-core stage-1 CTA (kvd::THREADS in cuda_src/common/decode_core.cuh; the
+#: tensor-core kernels use 128, and every launch takes the count from its module).
 STAGE1_THREADS = 256
-#: Warps of a stage-1 CTA; score rows are dealt to them round-robin.
+#: Warps of a CUDA-core stage-1 CTA; score rows are dealt to them round-robin.
 STAGE1_WARPS = STAGE1_THREADS // 32
 #: Most score rows per warp and PV rows per thread (the kernel's static_assert).
 MAX_ROWS_PER_LANE = 16
@@ -151,11 +153,11 @@ def _device_limits() -> tuple[int, int]:
     return info
 
 
-_stage1_cache: dict[tuple, tuple[object, int]] = {}
+_stage1_cache: dict[tuple, tuple[object, int, int]] = {}
 
 
 def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
-    """(kernel function, dynamic shared bytes) for one stage-1 module, set up once."""
+    """(kernel function, dynamic shared bytes, threads) for one stage-1 module, set up once."""
     import cupy
 
     key = (
@@ -169,10 +171,9 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
         return hit
     module = get_module(entry, defines)
     func = module.get_function(name)
-    # The kernel's own layout size, from the module (one small copy, once per module).
-    smem = int(
-        cupy.ndarray((1,), cupy.int32, memptr=module.get_global("kv_decode_smem_bytes")).get()[0]
-    )
+    # The kernel's own layout size and CTA size, from the module (one small copy, once).
+    launch = cupy.ndarray((2,), cupy.int32, memptr=module.get_global("kv_decode_launch")).get()
+    smem, threads = int(launch[0]), int(launch[1])
     _, smem_max = _device_limits()
     if smem > smem_max:
         raise ValueError(
@@ -183,31 +184,35 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     if smem > 48 * 1024:
         # CuPy's RawKernel sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES through this.
         func.max_dynamic_shared_size_bytes = smem
-    _stage1_cache[key] = (func, smem)
-    return func, smem
+    _stage1_cache[key] = (func, smem, threads)
+    return func, smem, threads
 
 
-#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes). A key
+#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes, threads). A key
 #: built from the defines themselves (TurboQuant's codebook and signs as text) costs more to
 #: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
-_stage1_fast: dict[tuple, tuple[object, object, int]] = {}
+_stage1_fast: dict[tuple, tuple[object, object, int, int]] = {}
 
 
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
     import cupy
 
+    simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len,
+        group, q_len, simt,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
-        return hit[1], hit[2]
+        return hit[1:]
     defines = dict(fmt.cuda_defines())
     defines.update(KV_IN_DTYPE=in_define, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
-    func, smem = _stage1_kernel(entry, kname, defines)
-    _stage1_fast[key] = (fmt, func, smem)  # holds fmt, so its id is not reused
-    return func, smem
+    if simt:
+        # Forces the CUDA-core stage 1 (A/B measurements, tests of both cores).
+        defines["KVKIT_DECODE_SIMT"] = "1"
+    func, smem, threads = _stage1_kernel(entry, kname, defines)
+    _stage1_fast[key] = (fmt, func, smem, threads)  # holds fmt, so its id is not reused
+    return func, smem, threads
 
 
 _merge_cache: dict[tuple, object] = {}
@@ -228,11 +233,19 @@ def _merge_kernel(name: str):
 _SMEM_PER_SM = 228 * 1024
 
 
-def _resident_ctas(rows_x_dim: int, smem: int) -> int:
-    """Stage-1 CTAs one SM holds at once: KVD_MIN_BLOCKS (2 when G * q_len * D <= 2048, the
-    register bound) limited by shared memory. The split heuristic fills SMs x this."""
-    by_regs = 2 if rows_x_dim <= 2048 else 1
-    return max(1, min(by_regs, _SMEM_PER_SM // (smem + 1024)))
+#: Registers and threads of an SM (sm_80 .. sm_120).
+_REGS_PER_SM = 65536
+_THREADS_PER_SM = 1536
+
+
+def _resident_ctas(func, threads: int, smem: int) -> int:
+    """Stage-1 CTAs one SM holds at once, from the kernel's registers (allocated per warp in
+    units of 256), its threads and its shared memory. The split heuristic fills SMs x this."""
+    regs = int(func.attributes["num_regs"])
+    per_warp = -(-regs * 32 // 256) * 256
+    by_regs = _REGS_PER_SM // (per_warp * (threads // 32))
+    by_threads = _THREADS_PER_SM // threads
+    return max(1, min(by_regs, by_threads, _SMEM_PER_SM // (smem + 1024)))
 
 
 
@@ -344,9 +357,9 @@ def decode(
     if batch == 0:
         return o, lse
 
-    func, smem = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     if num_splits is None:
-        num_splits = _default_splits(layer, batch, group, q_len, max_blocks, smem)
+        num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem)
 
     planes = []
     for pname in plane_names:
@@ -367,7 +380,7 @@ def decode(
             k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
             null, null, null, o, lse, layer.error_flag,
         )  # fmt: skip
-        func((1, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
+        func((1, hkv, batch), (threads,), args, shared_mem=smem)
         return o, lse
 
     if workspace is not None:
@@ -383,7 +396,7 @@ def decode(
         k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
         m_part, l_part, acc_part, np.uint64(0), np.uint64(0), layer.error_flag,
     )  # fmt: skip
-    func((num_splits, hkv, batch), (STAGE1_THREADS,), args, shared_mem=smem)
+    func((num_splits, hkv, batch), (threads,), args, shared_mem=smem)
 
     merge = _merge_kernel("kv_decode_merge_splits")
     merge(
@@ -398,14 +411,14 @@ def decode(
     return o, lse
 
 
-def _default_splits(layer, batch: int, group: int, q_len: int, max_blocks: int, smem: int) -> int:
+def _default_splits(layer, batch: int, max_blocks: int, func, threads: int, smem: int) -> int:
     """The split heuristic over this device: SMs x resident stage-1 CTAs as workers, and
     max_blocks * block_size as the length (no host read of seq_lens)."""
     sms, _ = _device_limits()
     bs = layer.block_size
     return choose_num_splits(
         batch, layer.num_kv_heads, max_blocks * bs, bs,
-        num_workers=sms * _resident_ctas(group * q_len * layer.fmt.head_dim, smem),
+        num_workers=sms * _resident_ctas(func, threads, smem),
         max_splits=MAX_SPLITS,
     )  # fmt: skip
 
@@ -417,8 +430,8 @@ def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max
     in_define, _ = _Q_DTYPES[q_dtype]
     group = num_heads // layer.num_kv_heads
     check_row_limits(group, q_len, fmt.head_dim)
-    _, smem = _stage1_for(fmt, entry, kname, in_define, group, q_len)
-    return _default_splits(layer, batch, group, q_len, max_blocks, smem)
+    func, smem, threads = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    return _default_splits(layer, batch, max_blocks, func, threads, smem)
 
 
 class DecodeWorkspace:

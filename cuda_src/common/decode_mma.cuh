@@ -1,0 +1,635 @@
+// decode_mma.cuh: split-K decode stage 1 on tensor cores (mma.sync m16n8k16, sm_80+), for
+// G * q_len <= 16 query rows and head_dim <= 256. Included by decode_core.cuh when
+// KVD_USE_MMA is 1; the tile pipeline (cp.async staging, page ring, copy modes) is the
+// one of decode_core.cuh, only the arithmetic differs.
+//
+// Work split: 4 warps, 64-token tiles, warp w owns tokens [16 w, 16 w + 16) of every tile and
+// keeps its own online-softmax state (m, l) and accumulator for all 16 (padded) rows; the four
+// warp states meet once, at the end of the split, in shared memory. No barrier per tile
+// beyond the pipeline's one.
+//
+// Exactness (DESIGN.md section 4: float32 rounding only). fp16 mma products are exact and
+// accumulate in float32, so every operand is made exact in fp16 (or bf16):
+//   scores S = Q K^T: each query row is scaled by a power of two 2^e_r (max |q| to
+//     [2^14, 2^15)) and split q = hi + lo in fp16 (lo = 0, and skipped, for fp16 queries
+//     without rotation); keys are exact fp16 (fp16, E4M3 and NVFP4 values, up to a power of
+//     two the family names) or, for codebook keys, split hi + lo by the family's table.
+//     S = (hi K + lo K [+ hi K_lo]) 2^-e_r; the q_lo * K_lo term (2^-22 relative) is dropped.
+//   PV, family values exact in fp16 (KV_MMA_VCODES 0): P (in [0, 1]) is scaled by 2^15 and
+//     split hi + lo in fp16; O = (P_hi V + P_lo V) 2^-15.
+//   PV, TurboQuant values (KV_MMA_VCODES 1, v = code * scale_t + zero_t): the integer codes
+//     are exact in bf16; W = P * scale_t is split in three bf16 parts (24 bits, any float32
+//     range) and O = W_hi C + W_mid C + W_lo C + sum_t p_t zero_t (the last in float32 on the
+//     CUDA cores).
+// Softmax state, masks, soft-cap and the merge are float32 as in the SIMT core.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16 .row.col): g = lane / 4, c = lane % 4.
+//   A (16 x 16): a0 (row g, k 2c..2c+1), a1 (row g+8, same k), a2 (row g, k 2c+8..),
+//     a3 (row g+8, k 2c+8..); B (16 x 8): b0 (k 2c..2c+1, col g), b1 (k 2c+8.., col g);
+//   C (16 x 8): c0 (g, 2c), c1 (g, 2c+1), c2 (g+8, 2c), c3 (g+8, 2c+1).
+// Scores: M = rows, N = 8 tokens (two n-tiles per warp), K = 16 head dims. PV: M = rows,
+// N = 8 head dims (D / 8 n-tiles), K = the warp's 16 tokens; the score C fragments of the two
+// token n-tiles are exactly the A fragment of P (the thread keeps the tokens it scored).
+//
+// Family hooks (defined by the entry before including decode_core.cuh):
+//   KV_MMA_KSPLIT     1: kv_mma_k2 also returns a lo part (codebook keys)
+//   KV_MMA_VCODES     0: kv_mma_v1 returns fp16 bits of the value (times KV_MMA_VF^-1);
+//                     1: the integer code, and kv_mma_vtok gives (scale_t, zero_t)
+//   KV_MMA_KF / VF    float: true key / value = hook value * KF / VF
+//   KV_MMA_TABLE_WORDS, kv_mma_init_table(unsigned* tab, int tid) -> float factor: a shared
+//                     table built per CTA (the codebook hi/lo), and a power-of-two factor the
+//                     scores are multiplied by
+//   kv_mma_k2(rows, d, tab, &hi, &lo): key elements d, d + 1 (d even) as fp16x2
+//   kv_mma_v1(rows, d): value element d (see KV_MMA_VCODES)
+//   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
+#pragma once
+
+#ifndef KV_MMA_KSPLIT
+#define KV_MMA_KSPLIT 0
+#endif
+#ifndef KV_MMA_VCODES
+#define KV_MMA_VCODES 0
+#endif
+#ifndef KV_MMA_TABLE_WORDS
+#define KV_MMA_TABLE_WORDS 0
+#endif
+// fp16 queries without a rotation are exact fp16: no lo part, no row scaling.
+#if KV_IN_DTYPE == 1 && !KV_ROTATE_Q
+#define KV_MMA_QSPLIT 0
+#else
+#define KV_MMA_QSPLIT 1
+#endif
+
+namespace kvm {
+using kvd::D;
+using kvd::G;
+using kvd::QL;
+using kvd::R;
+using kvd::THREADS;
+using kvd::TILE;
+constexpr int NWM = THREADS / KV_WARP;  // 4 warps
+constexpr int WT = TILE / NWM;          // 16 tokens per warp per tile
+constexpr int KS = D / 16;              // k-steps of the score mma
+constexpr int NT = D / 8;               // n-tiles of the PV mma
+// q rows in shared memory: D halves + 16 bytes, so the 8 row addresses of an ldmatrix
+// fall into different banks.
+constexpr int QSTR = D + 8;
+// P is scaled by 2^15 before its fp16 split: p <= 1 stays below 65504 and p down to 2^-29
+// keeps a normal fp16 hi part.
+constexpr float P_SCALE = 32768.0f;
+static_assert(WT == 16, "one 16-token mma k-step per warp and tile");
+static_assert(R <= 16, "the mma core serves at most 16 query rows");
+static_assert(D % 16 == 0 && D <= 256, "mma core head_dim");
+
+constexpr int OFF_QF = 0;                                     // float [16][D] query rows
+constexpr int OFF_QH = OFF_QF + kvd::a16(16 * D * 4);         // fp16 [16][QSTR] hi
+constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
+constexpr int OFF_RS = OFF_QL + kvd::a16(16 * QSTR * 2);      // float [16] row score scale
+constexpr int OFF_ML = OFF_RS + kvd::a16(16 * 4);             // float [NWM][16][2] (m, l)
+constexpr int OFF_TP = OFF_ML + kvd::a16(NWM * 16 * 2 * 4);   // int [NP][TILE] page ring
+constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
+constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
+constexpr int RED_BYTES = NWM * R * D * 4;  // per-warp accumulators at the end of a split
+constexpr int STG_BYTES =
+    kvd::STAGES * kvd::STAGE_BYTES > RED_BYTES ? kvd::STAGES * kvd::STAGE_BYTES : RED_BYTES;
+constexpr int SMEM = OFF_STG + STG_BYTES;
+}  // namespace kvm
+
+__device__ __forceinline__ void kv_mma_f16(float* c, const unsigned* a, unsigned b0,
+                                           unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void kv_mma_bf16(float* c, const unsigned* a, unsigned b0,
+                                            unsigned b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
+__device__ __forceinline__ unsigned kv_pack_bf16x2(float lo, float hi) {
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+// x = hi + mid + lo (three bf16x2 words, 24 significant bits) for the pair (x0, x1).
+__device__ __forceinline__ void kv_split3_bf16x2(float x0, float x1, unsigned* p) {
+    const unsigned h = kv_pack_bf16x2(x0, x1);
+    const float r0 = x0 - __uint_as_float(h << 16);
+    const float r1 = x1 - __uint_as_float(h & 0xFFFF0000u);
+    const unsigned m = kv_pack_bf16x2(r0, r1);
+    p[0] = h;
+    p[1] = m;
+    p[2] = kv_pack_bf16x2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xFFFF0000u));
+}
+
+// Two integer codes (< 128) -> bf16x2 of their values: 128 + c has c in its mantissa.
+__device__ __forceinline__ unsigned kv_codes_bf16x2(unsigned c0, unsigned c1) {
+    const unsigned x = (c0 | (c1 << 16)) | 0x43004300u;
+    unsigned r;
+    // x * 1 - 128, exact (fma.rn.bf16x2: sm_80+; bf16 1.0 = 0x3F80, -128 = 0xC300).
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(0xC300C300u));
+    return r;
+}
+
+// The stage-1 body on tensor cores; parameters as in decode_dense.cu.
+__device__ __forceinline__ void kv_stage1_body(
+    const void* __restrict__ q,
+    const unsigned char* __restrict__ p0, long long p0_sb, long long p0_sh, long long p0_st,
+    int p0_vec,
+    const unsigned char* __restrict__ p1, long long p1_sb, long long p1_sh, long long p1_st,
+    int p1_vec,
+    const unsigned char* __restrict__ p2, long long p2_sb, long long p2_sh, long long p2_st,
+    int p2_vec,
+    const unsigned char* __restrict__ p3, long long p3_sb, long long p3_sh, long long p3_st,
+    int p3_vec,
+    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
+    int num_blocks, int block_size, int window, float scale, float softcap, float v_out_scale,
+    int split_stride, float* __restrict__ m_part, float* __restrict__ l_part,
+    float* __restrict__ acc_part, float* __restrict__ o_out, float* __restrict__ lse_out,
+    int* __restrict__ error_flag) {
+    using namespace kvm;
+    using kvd::NP;
+    using kvd::STAGE_BYTES;
+    using kvd::STAGES;
+    using kvd::WP0;
+    using kvd::WP1;
+    using kvd::WP2;
+    using kvd::WP3;
+    extern __shared__ __align__(16) unsigned char kv_smem[];
+    float* qf_s = reinterpret_cast<float*>(kv_smem + OFF_QF);
+    unsigned short* qh_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_QH);
+    unsigned short* ql_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_QL);
+    float* rs_s = reinterpret_cast<float*>(kv_smem + OFF_RS);
+    float* ml_s = reinterpret_cast<float*>(kv_smem + OFF_ML);
+    int* tp_ring = reinterpret_cast<int*>(kv_smem + OFF_TP);
+    unsigned* tab_s = reinterpret_cast<unsigned*>(kv_smem + OFF_TAB);
+    unsigned char* stg = kv_smem + OFF_STG;
+    (void)ql_s;
+    (void)tab_s;
+
+    const int split = blockIdx.x;
+    const int num_splits = gridDim.x;
+    const int kvh = blockIdx.y;
+    const int b = blockIdx.z;
+    const int num_heads = gridDim.y * G;
+    const int tid = threadIdx.x;
+    const int lane = tid & (KV_WARP - 1);
+    const int warp = tid / KV_WARP;
+    const int g = lane >> 2;
+    const int c = lane & 3;
+
+    // --- the split's token range [t_lo, t_hi) (as the SIMT core) --------------------------
+    const int seq_len = seq_lens[b];
+    const bool len_ok = kv_seq_len_ok(seq_len, QL, max_blocks, block_size);
+    if (!len_ok && split == 0 && tid == 0) atomicOr(error_flag, KV_ERR_SEQ_LEN);
+    int t_lo = 0;
+    int t_hi = 0;
+    if (len_ok) {
+        int first, end;
+        kv_page_range(seq_len, block_size, num_splits, split, &first, &end);
+        if (first < end) {
+            t_lo = first * block_size;
+            const long long hi = (long long)end * block_size;
+            t_hi = hi < seq_len ? (int)hi : seq_len;
+            if (window > 0) {
+                const long long w_lo = (long long)seq_len - QL - window + 1;
+                if (w_lo > t_lo) t_lo = (int)(w_lo - w_lo % block_size);
+                if (t_lo > t_hi) t_lo = t_hi;
+            }
+        }
+    }
+    const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
+
+    const int md0 = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
+    const int md1 = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
+    const int md2 = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
+    const int md3 = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
+    const int rs0 = md0 == KVD_MODE_SLAB ? KV_P0_BYTES : WP0;
+    const int rs1 = md1 == KVD_MODE_SLAB ? KV_P1_BYTES : WP1;
+    const int rs2 = md2 == KVD_MODE_SLAB ? KV_P2_BYTES : WP2;
+    const int rs3 = md3 == KVD_MODE_SLAB ? KV_P3_BYTES : WP3;
+    constexpr int SO1 = TILE * WP0;
+    constexpr int SO2 = SO1 + TILE * WP1;
+    constexpr int SO3 = SO2 + TILE * WP2;
+
+    // Per-thread state: rows g (h = 0) and g + 8 (h = 1) of the warp's tokens.
+    float acc[NT][4];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m_r[2] = {kv_neg_inf(), kv_neg_inf()};
+    float l_r[2] = {0.f, 0.f};  // this thread's share (summed over the quad at the end)
+    float z_r[2] = {0.f, 0.f};  // sum p * zero (KV_MMA_VCODES), this thread's share
+    (void)z_r;
+
+    if (n_tiles > 0) {  // uniform over the CTA
+        const long long bt_row = (long long)b * max_blocks;
+        auto tile_entry = [&](int j, int t, bool* live) -> int {
+            const int tok = t_lo + j * TILE + t;
+            *live = j < n_tiles && tok < t_hi;
+            return *live ? block_tables[bt_row + tok / block_size] : 0;
+        };
+        auto store_page = [&](int j, int e, bool live) {
+            bool bad = false;
+            const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
+            tp_ring[(j % NP) * TILE + tid] = page;
+            if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        };
+        auto issue = [&](int j) {
+            if (j < n_tiles) {
+                const int t0 = t_lo + j * TILE;
+                const int n_tile = min(TILE, t_hi - t0);
+                const int* tp = tp_ring + (j % NP) * TILE;
+                unsigned char* s = stg + (j % STAGES) * STAGE_BYTES;
+                kv_issue_plane<KV_P0_BYTES, WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
+                                                 md0, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P1_BYTES, WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
+                                                 p1_vec, md1, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P2_BYTES, WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
+                                                 p2_vec, md2, kvh, tp, t0, n_tile, block_size);
+                kv_issue_plane<KV_P3_BYTES, WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
+                                                 p3_vec, md3, kvh, tp, t0, n_tile, block_size);
+            }
+            kv_cp_async_commit();
+        };
+
+        // --- prologue: pages of tiles 0 .. STAGES - 1 --------------------------------------
+        int pf_e = 0;
+        bool pf_live = false;
+        if (tid < TILE) {
+#pragma unroll 1
+            for (int j = 0; j < STAGES; ++j) {
+                bool live;
+                const int e = tile_entry(j, tid, &live);
+                store_page(j, e, live);
+            }
+            pf_e = tile_entry(STAGES, tid, &pf_live);
+        }
+        // --- query rows (zero padding rows R..15), family table ----------------------------
+        for (int idx = tid; idx < 16 * D; idx += THREADS) {
+            const int r = idx / D;
+            const int d = idx - r * D;
+            float x = 0.f;
+            if (r < R) {
+                const int i = r / G;
+                const int gg = r - i * G;
+                const long long src =
+                    (((long long)b * QL + i) * num_heads + (long long)kvh * G + gg) * D + d;
+                x = kv_load_q(q, src);
+#if KV_ROTATE_Q
+                x *= kv_family_q_sign(d);
+#endif
+            }
+            qf_s[idx] = x;
+        }
+        float kfac = 1.f;
+#if KV_MMA_TABLE_WORDS > 0
+        kfac = kv_mma_init_table(tab_s, tid);
+#endif
+        __syncthreads();
+#pragma unroll 1
+        for (int j = 0; j < STAGES - 1; ++j) issue(j);
+#if KV_ROTATE_Q
+        for (int h = 1; h < D; h <<= 1) {
+            for (int p = tid; p < R * (D / 2); p += THREADS) {
+                const int r = p / (D / 2);
+                const int j = p - r * (D / 2);
+                const int i0 = ((j & ~(h - 1)) << 1) | (j & (h - 1));
+                float* row = qf_s + r * D;
+                const float a = row[i0];
+                const float cc = row[i0 + h];
+                row[i0] = a + cc;
+                row[i0 + h] = a - cc;
+            }
+            __syncthreads();
+        }
+#endif
+        // Row exponents: warp w scales rows w, w + 4, ...; max |q| to [2^14, 2^15).
+        for (int r = warp; r < 16; r += NWM) {
+            float mx = 0.f;
+            for (int d = lane; d < D; d += KV_WARP) mx = fmaxf(mx, fabsf(qf_s[r * D + d]));
+            mx = kv_warp_max(mx);
+            int e = 0;
+#if KV_MMA_QSPLIT
+            if (mx > 0.f) e = 14 - kv_ilog2(mx);
+            e = e < -100 ? -100 : (e > 100 ? 100 : e);
+#endif
+            // Applied in two steps, so neither power of two leaves the float range.
+            const float up = kv_pow2(e / 2) ;
+            const float up2 = kv_pow2(e - e / 2);
+            for (int d = 2 * lane; d < D; d += 2 * KV_WARP) {
+                const float x0 = qf_s[r * D + d] * up * up2;
+                const float x1 = qf_s[r * D + d + 1] * up * up2;
+                unsigned hi, lo;
+                kv_split_f16x2(x0, x1, &hi, &lo);
+                *reinterpret_cast<unsigned*>(qh_s + r * QSTR + d) = hi;
+                *reinterpret_cast<unsigned*>(ql_s + r * QSTR + d) = lo;
+            }
+            if (lane == 0) rs_s[r] = scale * kfac * KV_MMA_KF / (up * up2);
+        }
+        __syncthreads();
+
+        // Loop-invariant per-thread values.
+        const float rsc[2] = {rs_s[g], rs_s[g + 8]};
+        const int big = 0x3FFFFFFF;
+        const int pos[2] = {g < R ? seq_len - QL + g / G : big,
+                            g + 8 < R ? seq_len - QL + (g + 8) / G : big};
+        // ldmatrix row address of this lane: rows (lane % 8) + 8 ((lane / 8) % 2), k offset
+        // 8 (lane / 16), for a k-step of 16 halves.
+        const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1);
+        const unsigned qh_addr =
+            kv_smem_addr(qh_s + lrow * QSTR + 8 * (lane >> 4));
+        const unsigned ql_addr =
+            kv_smem_addr(ql_s + lrow * QSTR + 8 * (lane >> 4));
+        (void)ql_addr;
+        const int tw0 = warp * WT;
+
+#pragma unroll 1
+        for (int i = 0; i < n_tiles; ++i) {
+            kv_cp_async_wait<STAGES - 2>();
+            __syncthreads();
+            issue(i + STAGES - 1);
+            if (tid < TILE) {
+                store_page(i + STAGES, pf_e, pf_live);
+                pf_e = tile_entry(i + STAGES + 1, tid, &pf_live);
+            }
+            const int t0 = t_lo + i * TILE;
+            const int n_tile = min(TILE, t_hi - t0);
+            const int* tp = tp_ring + (i % NP) * TILE;
+            const unsigned char* s = stg + (i % STAGES) * STAGE_BYTES;
+            auto rows_of = [&](int t, const unsigned char** rw) {
+                rw[0] = s + t * rs0;
+                rw[1] = s + SO1 + t * rs1;
+                rw[2] = s + SO2 + t * rs2;
+                rw[3] = s + SO3 + t * rs3;
+            };
+
+            // (a) scores of rows 0..15 x the warp's tokens tw0 + 8 nt + g (B columns).
+            float sc[2][4];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
+            {
+                const unsigned char* kr[2][4];
+                rows_of(tw0 + g, kr[0]);
+                rows_of(tw0 + 8 + g, kr[1]);
+#pragma unroll
+                for (int ks = 0; ks < KS; ++ks) {
+                    unsigned ah[4];
+                    kv_ldsm_x4(ah, qh_addr + ks * 32);
+#if KV_MMA_QSPLIT
+                    unsigned al[4];
+                    kv_ldsm_x4(al, ql_addr + ks * 32);
+#endif
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        unsigned bh0, bh1, bl0, bl1;
+                        kv_mma_k2(kr[nt], 16 * ks + 2 * c, tab_s, &bh0, &bl0);
+                        kv_mma_k2(kr[nt], 16 * ks + 2 * c + 8, tab_s, &bh1, &bl1);
+                        kv_mma_f16(sc[nt], ah, bh0, bh1);
+#if KV_MMA_QSPLIT
+                        kv_mma_f16(sc[nt], al, bh0, bh1);
+#endif
+#if KV_MMA_KSPLIT
+                        kv_mma_f16(sc[nt], ah, bl0, bl1);
+#endif
+                        (void)bl0;
+                        (void)bl1;
+                    }
+                }
+            }
+
+            // (b) this thread's tokens tw0 + 8 nt + 2c + j (the C columns, and later the
+            // k slots of P): validity, per-token factors, masks, online softmax.
+            const unsigned char* vr[2][2][4];
+            bool ok[2][2];
+            float p[2][2][2];  // [nt][j][h]
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int t = tw0 + 8 * nt + 2 * c + j;
+                    ok[nt][j] = t < n_tile && tp[t] >= 0;
+                    rows_of(t, vr[nt][j]);
+                }
+            }
+            float mx[2] = {kv_neg_inf(), kv_neg_inf()};
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    const int tok = t0 + tw0 + 8 * nt + 2 * c + j;
+#if KV_HAS_KMUL
+                    const float km = kv_family_kmul(vr[nt][j]);
+#else
+                    const float km = 1.f;
+#endif
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        float x = sc[nt][2 * h + j] * km * rsc[h];
+                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                        const bool vis = ok[nt][j] && tok <= pos[h] &&
+                                         (window <= 0 || tok > pos[h] - window);
+                        x = vis ? x : kv_neg_inf();
+                        p[nt][j][h] = x;
+                        mx[h] = fmaxf(mx[h], x);
+                    }
+                }
+            }
+            float alpha[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(KV_FULL_MASK, mx[h], 1));
+                mx[h] = fmaxf(mx[h], __shfl_xor_sync(KV_FULL_MASK, mx[h], 2));
+                const KvOnlineStep stp = kv_online_step(m_r[h], mx[h]);
+                float ps = 0.f;
+#pragma unroll
+                for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        const float pv = kv_online_p(p[nt][j][h], stp);
+                        p[nt][j][h] = pv;
+                        ps += pv;
+                    }
+                }
+                l_r[h] = l_r[h] * stp.alpha + ps;
+                m_r[h] = stp.m_new;
+                alpha[h] = stp.alpha;
+            }
+            if (__any_sync(KV_FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+                for (int jn = 0; jn < NT; ++jn) {
+                    acc[jn][0] *= alpha[0];
+                    acc[jn][1] *= alpha[0];
+                    acc[jn][2] *= alpha[1];
+                    acc[jn][3] *= alpha[1];
+                }
+            }
+
+            // (c) O += P V over the warp's 16 tokens.
+#if KV_MMA_VCODES
+            float vs[2][2];
+            z_r[0] *= alpha[0];
+            z_r[1] *= alpha[1];
+#pragma unroll
+            for (int nt = 0; nt < 2; ++nt) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    float sc_t = 0.f, z_t = 0.f;
+                    if (ok[nt][j]) kv_mma_vtok(vr[nt][j], &sc_t, &z_t);
+                    vs[nt][j] = sc_t;
+                    z_r[0] = fmaf(p[nt][j][0], z_t, z_r[0]);
+                    z_r[1] = fmaf(p[nt][j][1], z_t, z_r[1]);
+                }
+            }
+            // A fragments of W = P * scale_t, three bf16 parts.
+            unsigned aw[3][4];
+            {
+                unsigned t3[3];
+                kv_split3_bf16x2(p[0][0][0] * vs[0][0], p[0][1][0] * vs[0][1], t3);
+                aw[0][0] = t3[0]; aw[1][0] = t3[1]; aw[2][0] = t3[2];
+                kv_split3_bf16x2(p[0][0][1] * vs[0][0], p[0][1][1] * vs[0][1], t3);
+                aw[0][1] = t3[0]; aw[1][1] = t3[1]; aw[2][1] = t3[2];
+                kv_split3_bf16x2(p[1][0][0] * vs[1][0], p[1][1][0] * vs[1][1], t3);
+                aw[0][2] = t3[0]; aw[1][2] = t3[1]; aw[2][2] = t3[2];
+                kv_split3_bf16x2(p[1][0][1] * vs[1][0], p[1][1][1] * vs[1][1], t3);
+                aw[0][3] = t3[0]; aw[1][3] = t3[1]; aw[2][3] = t3[2];
+            }
+#pragma unroll
+            for (int jn = 0; jn < NT; ++jn) {
+                const int d = 8 * jn + g;
+                // Codes of invalid tokens are garbage but finite (< 2^bits), and their W is 0.
+                const unsigned b0 = kv_codes_bf16x2(kv_mma_v1(vr[0][0], d), kv_mma_v1(vr[0][1], d));
+                const unsigned b1 = kv_codes_bf16x2(kv_mma_v1(vr[1][0], d), kv_mma_v1(vr[1][1], d));
+                kv_mma_bf16(acc[jn], aw[0], b0, b1);
+                kv_mma_bf16(acc[jn], aw[1], b0, b1);
+                kv_mma_bf16(acc[jn], aw[2], b0, b1);
+            }
+#else
+            unsigned ah[4], al[4];
+            kv_split_f16x2(p[0][0][0] * P_SCALE, p[0][1][0] * P_SCALE, &ah[0], &al[0]);
+            kv_split_f16x2(p[0][0][1] * P_SCALE, p[0][1][1] * P_SCALE, &ah[1], &al[1]);
+            kv_split_f16x2(p[1][0][0] * P_SCALE, p[1][1][0] * P_SCALE, &ah[2], &al[2]);
+            kv_split_f16x2(p[1][0][1] * P_SCALE, p[1][1][1] * P_SCALE, &ah[3], &al[3]);
+#pragma unroll
+            for (int jn = 0; jn < NT; ++jn) {
+                const int d = 8 * jn + g;
+                // Staging bytes of invalid tokens may be any bits (NaN included): zero them.
+                const unsigned e00 = ok[0][0] ? kv_mma_v1(vr[0][0], d) : 0u;
+                const unsigned e01 = ok[0][1] ? kv_mma_v1(vr[0][1], d) : 0u;
+                const unsigned e10 = ok[1][0] ? kv_mma_v1(vr[1][0], d) : 0u;
+                const unsigned e11 = ok[1][1] ? kv_mma_v1(vr[1][1], d) : 0u;
+                const unsigned b0 = e00 | (e01 << 16);
+                const unsigned b1 = e10 | (e11 << 16);
+                kv_mma_f16(acc[jn], ah, b0, b1);
+                kv_mma_f16(acc[jn], al, b0, b1);
+            }
+#endif
+        }
+        kv_cp_async_wait<0>();
+    }
+
+    // --- the four warp states meet in shared memory --------------------------------------
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_r[h] += __shfl_xor_sync(KV_FULL_MASK, l_r[h], 1);
+        l_r[h] += __shfl_xor_sync(KV_FULL_MASK, l_r[h], 2);
+#if KV_MMA_VCODES
+        z_r[h] += __shfl_xor_sync(KV_FULL_MASK, z_r[h], 1);
+        z_r[h] += __shfl_xor_sync(KV_FULL_MASK, z_r[h], 2);
+#endif
+    }
+    __syncthreads();  // every warp is done with the staging (reused below)
+    float* red = reinterpret_cast<float*>(stg);
+#if KV_MMA_VCODES
+    constexpr float AF = 1.f;
+#else
+    constexpr float AF = KV_MMA_VF / P_SCALE;
+#endif
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        if (r < R) {
+            if (c == 0) {
+                ml_s[(warp * 16 + r) * 2] = m_r[h];
+                ml_s[(warp * 16 + r) * 2 + 1] = l_r[h];
+            }
+#if KV_MMA_VCODES
+            const float zz = z_r[h];
+#else
+            const float zz = 0.f;
+#endif
+            float* dst = red + (warp * R + r) * D + 2 * c;
+#pragma unroll
+            for (int jn = 0; jn < NT; ++jn) {
+                float2 v;
+                v.x = acc[jn][2 * h] * AF + zz;
+                v.y = acc[jn][2 * h + 1] * AF + zz;
+                *reinterpret_cast<float2*>(dst + 8 * jn) = v;
+            }
+        }
+    }
+    __syncthreads();
+
+    constexpr int D4 = D / 4;
+    for (int item = tid; item < R * D4; item += THREADS) {
+        const int r = item / D4;
+        const int dq = item - r * D4;
+        float mw[NWM];
+        float mt = kv_neg_inf();
+#pragma unroll
+        for (int w = 0; w < NWM; ++w) {
+            mw[w] = ml_s[(w * 16 + r) * 2];
+            mt = fmaxf(mt, mw[w]);
+        }
+        float lt = 0.f;
+        float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int w = 0; w < NWM; ++w) {
+            const float wt = kv_merge_weight(mw[w], mt);
+            lt += wt * ml_s[(w * 16 + r) * 2 + 1];
+            if (wt != 0.f) {
+                const float4 x = reinterpret_cast<const float4*>(red + (w * R + r) * D)[dq];
+                o.x += wt * x.x;
+                o.y += wt * x.y;
+                o.z += wt * x.z;
+                o.w += wt * x.w;
+            }
+        }
+        o.x *= v_out_scale;
+        o.y *= v_out_scale;
+        o.z *= v_out_scale;
+        o.w *= v_out_scale;
+        const int i = r / G;
+        const int gg = r - i * G;
+        const long long row = ((long long)b * QL + i) * num_heads + (long long)kvh * G + gg;
+        if (o_out == nullptr) {
+            reinterpret_cast<float4*>(acc_part + (row * split_stride + split) * D)[dq] = o;
+            if (dq == 0) {
+                m_part[row * split_stride + split] = mt;
+                l_part[row * split_stride + split] = lt;
+            }
+        } else {
+            const bool empty = mt == kv_neg_inf();
+            float4 y = make_float4(0.f, 0.f, 0.f, 0.f);
+            if (!empty) {
+                y.x = o.x / lt;
+                y.y = o.y / lt;
+                y.z = o.z / lt;
+                y.w = o.w / lt;
+            }
+            reinterpret_cast<float4*>(o_out + row * D)[dq] = y;
+            if (dq == 0) lse_out[row] = empty ? kv_neg_inf() : mt + logf(lt);
+        }
+    }
+}
