@@ -280,33 +280,39 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsig
     if constexpr (W > 0) {
         const long long head_off = (long long)kvh * sh;
         if (mode == KVD_MODE_ROW16) {
+            // TPT threads per token, thread (t, sub) copies chunks sub, sub + TPT, ...: one
+            // address computation per token and tile, and each pair of neighbouring threads
+            // fills whole 32-byte sectors.
             constexpr int NCH = W / 16;
-#pragma unroll 1
-            for (int item = threadIdx.x; item < n_tile * NCH; item += kvd::THREADS) {
-                const int t = item / NCH;
-                const int ch = item - t * NCH;
-                const int page = tp[t];
-                if (page < 0) continue;
+            constexpr int TPT = kvd::THREADS / kvd::TILE;
+            const int t = threadIdx.x / TPT;
+            const int sub = threadIdx.x - t * TPT;
+            const int page = t < n_tile ? tp[t] : -1;
+            if (page >= 0) {
                 const int off = (t0 + t) % block_size;
-                const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
-                kv_cp_async16(stage + t * WP + ch * 16, base + o + ch * 16);
+                const unsigned char* src =
+                    base + ((long long)page * sb + head_off + (long long)off * st) * elem;
+                unsigned char* dst = stage + t * WP;
+#pragma unroll
+                for (int ch = sub; ch < NCH; ch += TPT) kv_cp_async16(dst + ch * 16, src + ch * 16);
             }
         } else if (mode == KVD_MODE_SLAB) {
             // Runs of sc tokens lie in one page (t0 is a multiple of sc from a page start)
-            // and are sc * W contiguous bytes, a multiple of 16.
+            // and are sc * W contiguous bytes, a multiple of 16: one loop per run, no division
+            // per piece.
             const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
             const int pieces = sc * W / 16;
-            const int n_runs = (n_tile + sc - 1) / sc;
 #pragma unroll 1
-            for (int item = threadIdx.x; item < n_runs * pieces; item += kvd::THREADS) {
-                const int j = item / pieces;
-                const int pc = item - j * pieces;
-                const int t = j * sc;
+            for (int t = 0; t < n_tile; t += sc) {
                 const int page = tp[t];
                 if (page < 0) continue;
                 const int off = (t0 + t) % block_size;
-                const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
-                kv_cp_async16(stage + t * W + pc * 16, base + o + pc * 16);
+                const unsigned char* src =
+                    base + ((long long)page * sb + head_off + (long long)off * st) * elem;
+                unsigned char* dst = stage + t * W;
+#pragma unroll 1
+                for (int pc = threadIdx.x; pc < pieces; pc += kvd::THREADS)
+                    kv_cp_async16(dst + pc * 16, src + pc * 16);
             }
         } else {
             const int v = vec & 31;

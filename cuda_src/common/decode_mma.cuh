@@ -111,6 +111,16 @@ __device__ __forceinline__ void kv_mma_bf16(float* c, const unsigned* a, unsigne
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// The tile's PV sum (16 tokens, fresh mma accumulator) added to the running accumulator in
+// IEEE float32: the tensor cores' accumulator adds align to the larger operand and truncate,
+// so small parts (the lo splits) added straight into a large running sum would be lost.
+__device__ __forceinline__ void kv_acc_add4(float* acc, const float* t4) {
+    acc[0] += t4[0];
+    acc[1] += t4[1];
+    acc[2] += t4[2];
+    acc[3] += t4[3];
+}
+
 __device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -511,9 +521,11 @@ __device__ __forceinline__ void kv_stage1_body(
                 // Codes of invalid tokens are garbage but finite (< 2^bits), and their W is 0.
                 const unsigned b0 = kv_codes_bf16x2(kv_mma_v1(vr[0][0], d), kv_mma_v1(vr[0][1], d));
                 const unsigned b1 = kv_codes_bf16x2(kv_mma_v1(vr[1][0], d), kv_mma_v1(vr[1][1], d));
-                kv_mma_bf16(acc[jn], aw[0], b0, b1);
-                kv_mma_bf16(acc[jn], aw[1], b0, b1);
-                kv_mma_bf16(acc[jn], aw[2], b0, b1);
+                float t4[4] = {0.f, 0.f, 0.f, 0.f};
+                kv_mma_bf16(t4, aw[0], b0, b1);
+                kv_mma_bf16(t4, aw[1], b0, b1);
+                kv_mma_bf16(t4, aw[2], b0, b1);
+                kv_acc_add4(acc[jn], t4);
             }
 #else
             unsigned ah[4], al[4];
@@ -531,8 +543,10 @@ __device__ __forceinline__ void kv_stage1_body(
                 const unsigned e11 = ok[1][1] ? kv_mma_v1(vr[1][1], d) : 0u;
                 const unsigned b0 = e00 | (e01 << 16);
                 const unsigned b1 = e10 | (e11 << 16);
-                kv_mma_f16(acc[jn], ah, b0, b1);
-                kv_mma_f16(acc[jn], al, b0, b1);
+                float t4[4] = {0.f, 0.f, 0.f, 0.f};
+                kv_mma_f16(t4, ah, b0, b1);
+                kv_mma_f16(t4, al, b0, b1);
+                kv_acc_add4(acc[jn], t4);
             }
 #endif
         }
