@@ -69,21 +69,19 @@ __device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int 
     *hi = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(rows[0] + d));
     *lo = 0u;
 }
-__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
-    return kv_dc_e4m3x2_f16x2(rows[1][d]) & 0xFFFFu;
+// V elements d8..d8+7 (8-byte aligned: staged rows are 16-byte aligned).
+__device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
+    const uint2 w = *reinterpret_cast<const uint2*>(rows[1] + d8);
+    return make_uint4(kv_dc_e4m3x2_f16x2(w.x & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.x >> 16),
+                      kv_dc_e4m3x2_f16x2(w.y & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.y >> 16));
 }
 #elif !KV_DENSE_BF16
 #define KV_MMA 1
 #define KV_MMA_KF 1.0f
 #define KV_MMA_VF 1.0f
-__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
-                                          const unsigned*, unsigned* hi, unsigned* lo) {
-    *hi = *reinterpret_cast<const unsigned*>(rows[0] + 2 * d);
-    *lo = 0u;
-}
-__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
-    return *reinterpret_cast<const unsigned short*>(rows[1] + 2 * d);
-}
+// fp16 K and V rows are read from the staging by ldmatrix (16-byte aligned rows).
+#define KV_MMA_K_DIRECT 1
+#define KV_MMA_V_DIRECT 1
 #endif
 
 #include "common/decode_core.cuh"

@@ -59,9 +59,13 @@ __device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int 
     *hi = kv_dc_nvfp4x2_f16x2(rows[0][d >> 1], kv_dc_nvfp4_sf_f16x2(rows[1][d / KV_NVFP4_BLOCK]));
     *lo = 0u;
 }
-__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
-    const unsigned code = (rows[2][d >> 1] >> (4 * (d & 1))) & 0xFu;
-    return kv_dc_nvfp4x2_f16x2(code, kv_dc_nvfp4_sf_f16x2(rows[3][d / KV_NVFP4_BLOCK])) & 0xFFFFu;
+// V elements d8..d8+7: 4 code bytes (4-byte aligned in the 16-byte aligned data rows), one
+// block scale.
+__device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
+    const unsigned w = *reinterpret_cast<const unsigned*>(rows[2] + (d8 >> 1));
+    const unsigned sf = kv_dc_nvfp4_sf_f16x2(rows[3][d8 / KV_NVFP4_BLOCK]);
+    return make_uint4(kv_dc_nvfp4x2_f16x2(w & 0xFFu, sf), kv_dc_nvfp4x2_f16x2((w >> 8) & 0xFFu, sf),
+                      kv_dc_nvfp4x2_f16x2((w >> 16) & 0xFFu, sf), kv_dc_nvfp4x2_f16x2(w >> 24, sf));
 }
 
 #include "common/decode_core.cuh"

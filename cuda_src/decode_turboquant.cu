@@ -134,13 +134,25 @@ __device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int 
     *lo = __byte_perm(e0, e1, 0x7632);
 }
 #endif
-__device__ __forceinline__ unsigned kv_mma_v1(const unsigned char* const* rows, int d) {
-    return kv_dc_get_code<TQ_VALUE_BITS>(rows[0] + TQ_VALUE_OFFSET, d);
+// Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code
+// and zero sums do not cancel (float32 error stays relative to the values, not to zero).
+#define KV_MMA_VCODE_OFFSET (1 << (TQ_VALUE_BITS - 1))
+// Codes of V elements d8..d8+7 as bf16 (c - offset).
+__device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
+    constexpr unsigned M = (1u << TQ_VALUE_BITS) - 1u;
+    constexpr int B = TQ_VALUE_BITS;
+    const unsigned a = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8);
+    const unsigned c = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8 + 4);
+    return make_uint4(kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(a & M, (a >> B) & M),
+                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>((a >> (2 * B)) & M, (a >> (3 * B)) & M),
+                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(c & M, (c >> B) & M),
+                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>((c >> (2 * B)) & M, (c >> (3 * B)) & M));
 }
 __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,
                                             float* z) {
-    *sc = kv_dc_f16_at(rows[0] + TQ_VALUE_SCALE_OFFSET);
-    *z = kv_dc_f16_at(rows[0] + TQ_VALUE_ZERO_OFFSET);
+    const float s = kv_dc_f16_at(rows[0] + TQ_VALUE_SCALE_OFFSET);
+    *sc = s;
+    *z = fmaf((float)KV_MMA_VCODE_OFFSET, s, kv_dc_f16_at(rows[0] + TQ_VALUE_ZERO_OFFSET));
 }
 
 #include "common/decode_core.cuh"

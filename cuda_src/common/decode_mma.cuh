@@ -50,6 +50,12 @@
 #ifndef KV_MMA_VCODES
 #define KV_MMA_VCODES 0
 #endif
+#ifndef KV_MMA_K_DIRECT
+#define KV_MMA_K_DIRECT 0
+#endif
+#ifndef KV_MMA_V_DIRECT
+#define KV_MMA_V_DIRECT 0
+#endif
 #ifndef KV_MMA_TABLE_WORDS
 #define KV_MMA_TABLE_WORDS 0
 #endif
@@ -88,7 +94,15 @@ constexpr int OFF_RS = OFF_QL + kvd::a16(16 * QSTR * 2);      // float [16] row 
 constexpr int OFF_ML = OFF_RS + kvd::a16(16 * 4);             // float [NWM][16][2] (m, l)
 constexpr int OFF_TP = OFF_ML + kvd::a16(NWM * 16 * 2 * 4);   // int [NP][TILE] page ring
 constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
-constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
+// Per-warp V operand tile [16 tokens][VSTR] of 16-bit values (families without direct V).
+constexpr int VSTR = D + 8;
+#if KV_MMA_V_DIRECT
+constexpr int VT_BYTES = 0;
+#else
+constexpr int VT_BYTES = NWM * 16 * VSTR * 2;
+#endif
+constexpr int OFF_VT = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
+constexpr int OFF_STG = OFF_VT + kvd::a16(VT_BYTES);
 constexpr int RED_BYTES = NWM * R * D * 4;  // per-warp accumulators at the end of a split
 constexpr int STG_BYTES =
     kvd::STAGES * kvd::STAGE_BYTES > RED_BYTES ? kvd::STAGES * kvd::STAGE_BYTES : RED_BYTES;
@@ -127,6 +141,12 @@ __device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
                  : "r"(addr));
 }
 
+__device__ __forceinline__ void kv_ldsm_x4_trans(unsigned* r, unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(addr));
+}
+
 __device__ __forceinline__ unsigned kv_pack_bf16x2(float lo, float hi) {
     unsigned r;
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
@@ -144,13 +164,45 @@ __device__ __forceinline__ void kv_split3_bf16x2(float x0, float x1, unsigned* p
     p[2] = kv_pack_bf16x2(r0 - __uint_as_float(m << 16), r1 - __uint_as_float(m & 0xFFFF0000u));
 }
 
-// Two integer codes (< 128) -> bf16x2 of their values: 128 + c has c in its mantissa.
-__device__ __forceinline__ unsigned kv_codes_bf16x2(unsigned c0, unsigned c1) {
-    const unsigned x = (c0 | (c1 << 16)) | 0x43004300u;
-    unsigned r;
-    // x * 1 - 128, exact (fma.rn.bf16x2: sm_80+; bf16 1.0 = 0x3F80, -128 = 0xC300).
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(0xC300C300u));
-    return r;
+
+// The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
+// bf16 codes), as the shared address ldmatrix.trans lane `lane` passes for the first two
+// n-tiles (+16 bytes per n-tile after that): rows (lane % 8) + 8 ((lane / 8) % 2), dims
+// 8 (lane / 16). Direct families use the staged V rows (plane 1, row stride rs1); the others
+// dequantize their 16 tokens here (kv_mma_v8: 8 values per 16-byte store; invalid tokens 0).
+__device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, const int* rsa,
+                                                      int tw0, int lane, int n_tile,
+                                                      const int* tp, unsigned short* vt_s,
+                                                      int warp) {
+    const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1);
+#if KV_MMA_V_DIRECT
+    (void)n_tile;
+    (void)tp;
+    (void)vt_s;
+    (void)warp;
+    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * rsa[1] + 16 * (lane >> 4));
+#else
+    unsigned short* vt = vt_s + warp * 16 * kvm::VSTR;
+    constexpr int C8 = kvm::D / 8;
+#pragma unroll 2
+    for (int qc = lane; qc < 16 * C8; qc += KV_WARP) {
+        const int t = qc / C8;
+        const int d8 = 8 * (qc - t * C8);
+        const int tl = tw0 + t;
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (tl < n_tile && tp[tl] >= 0) {
+            constexpr int SO1 = kvd::TILE * kvd::WP0;
+            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
+            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
+            const unsigned char* rows[4] = {s + tl * rsa[0], s + SO1 + tl * rsa[1],
+                                            s + SO2 + tl * rsa[2], s + SO3 + tl * rsa[3]};
+            v = kv_mma_v8(rows, d8);
+        }
+        *reinterpret_cast<uint4*>(vt + t * kvm::VSTR + d8) = v;
+    }
+    __syncwarp();
+    return kv_smem_addr(vt + lrow * kvm::VSTR + 8 * (lane >> 4));
+#endif
 }
 
 // The stage-1 body on tensor cores; parameters as in decode_dense.cu.
@@ -186,6 +238,8 @@ __device__ __forceinline__ void kv_stage1_body(
     int* tp_ring = reinterpret_cast<int*>(kv_smem + OFF_TP);
     unsigned* tab_s = reinterpret_cast<unsigned*>(kv_smem + OFF_TAB);
     unsigned char* stg = kv_smem + OFF_STG;
+    unsigned short* vt_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_VT);
+    (void)vt_s;
     (void)ql_s;
     (void)tab_s;
 
@@ -230,6 +284,7 @@ __device__ __forceinline__ void kv_stage1_body(
     const int rs1 = md1 == KVD_MODE_SLAB ? KV_P1_BYTES : WP1;
     const int rs2 = md2 == KVD_MODE_SLAB ? KV_P2_BYTES : WP2;
     const int rs3 = md3 == KVD_MODE_SLAB ? KV_P3_BYTES : WP3;
+    const int rsa[4] = {rs0, rs1, rs2, rs3};
     constexpr int SO1 = TILE * WP0;
     constexpr int SO2 = SO1 + TILE * WP1;
     constexpr int SO3 = SO2 + TILE * WP2;
@@ -393,6 +448,10 @@ __device__ __forceinline__ void kv_stage1_body(
                 const unsigned char* kr[2][4];
                 rows_of(tw0 + g, kr[0]);
                 rows_of(tw0 + 8 + g, kr[1]);
+#if KV_MMA_K_DIRECT
+                const unsigned k_addr = kv_smem_addr(
+                    s + (tw0 + (lane & 7) + 8 * (lane >> 4)) * rs0 + 16 * ((lane >> 3) & 1));
+#endif
 #pragma unroll
                 for (int ks = 0; ks < KS; ++ks) {
                     unsigned ah[4];
@@ -401,6 +460,20 @@ __device__ __forceinline__ void kv_stage1_body(
                     unsigned al[4];
                     kv_ldsm_x4(al, ql_addr + ks * 32);
 #endif
+#if KV_MMA_K_DIRECT
+                    // fp16 keys straight from the staged rows: matrices (tokens nt0 / nt1 x
+                    // dims lo / hi of the k-step) = b0, b1 of both n-tiles.
+                    unsigned kb[4];
+                    kv_ldsm_x4(kb, k_addr + ks * 32);
+#pragma unroll
+                    for (int nt = 0; nt < 2; ++nt) {
+                        kv_mma_f16(sc[nt], ah, kb[2 * nt], kb[2 * nt + 1]);
+#if KV_MMA_QSPLIT
+                        kv_mma_f16(sc[nt], al, kb[2 * nt], kb[2 * nt + 1]);
+#endif
+                    }
+                    (void)kr;
+#else
 #pragma unroll
                     for (int nt = 0; nt < 2; ++nt) {
                         unsigned bh0, bh1, bl0, bl1;
@@ -416,6 +489,7 @@ __device__ __forceinline__ void kv_stage1_body(
                         (void)bl0;
                         (void)bl1;
                     }
+#endif
                 }
             }
 
@@ -515,17 +589,19 @@ __device__ __forceinline__ void kv_stage1_body(
                 kv_split3_bf16x2(p[1][0][1] * vs[1][0], p[1][1][1] * vs[1][1], t3);
                 aw[0][3] = t3[0]; aw[1][3] = t3[1]; aw[2][3] = t3[2];
             }
+            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
 #pragma unroll
-            for (int jn = 0; jn < NT; ++jn) {
-                const int d = 8 * jn + g;
-                // Codes of invalid tokens are garbage but finite (< 2^bits), and their W is 0.
-                const unsigned b0 = kv_codes_bf16x2(kv_mma_v1(vr[0][0], d), kv_mma_v1(vr[0][1], d));
-                const unsigned b1 = kv_codes_bf16x2(kv_mma_v1(vr[1][0], d), kv_mma_v1(vr[1][1], d));
-                float t4[4] = {0.f, 0.f, 0.f, 0.f};
-                kv_mma_bf16(t4, aw[0], b0, b1);
-                kv_mma_bf16(t4, aw[1], b0, b1);
-                kv_mma_bf16(t4, aw[2], b0, b1);
-                kv_acc_add4(acc[jn], t4);
+            for (int jn = 0; jn < NT; jn += 2) {
+                unsigned bv[4];
+                kv_ldsm_x4_trans(bv, vaddr + jn * 16);
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
+                    kv_mma_bf16(t4, aw[0], bv[2 * u], bv[2 * u + 1]);
+                    kv_mma_bf16(t4, aw[1], bv[2 * u], bv[2 * u + 1]);
+                    kv_mma_bf16(t4, aw[2], bv[2 * u], bv[2 * u + 1]);
+                    kv_acc_add4(acc[jn + u], t4);
+                }
             }
 #else
             unsigned ah[4], al[4];
@@ -533,20 +609,29 @@ __device__ __forceinline__ void kv_stage1_body(
             kv_split_f16x2(p[0][0][1] * P_SCALE, p[0][1][1] * P_SCALE, &ah[1], &al[1]);
             kv_split_f16x2(p[1][0][0] * P_SCALE, p[1][1][0] * P_SCALE, &ah[2], &al[2]);
             kv_split_f16x2(p[1][0][1] * P_SCALE, p[1][1][1] * P_SCALE, &ah[3], &al[3]);
+            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
+#if KV_MMA_V_DIRECT
+            // Staged rows of invalid tokens may hold any bits (NaN included): zero them.
+            const unsigned vm0 = (ok[0][0] ? 0xFFFFu : 0u) | (ok[0][1] ? 0xFFFF0000u : 0u);
+            const unsigned vm1 = (ok[1][0] ? 0xFFFFu : 0u) | (ok[1][1] ? 0xFFFF0000u : 0u);
+#endif
 #pragma unroll
-            for (int jn = 0; jn < NT; ++jn) {
-                const int d = 8 * jn + g;
-                // Staging bytes of invalid tokens may be any bits (NaN included): zero them.
-                const unsigned e00 = ok[0][0] ? kv_mma_v1(vr[0][0], d) : 0u;
-                const unsigned e01 = ok[0][1] ? kv_mma_v1(vr[0][1], d) : 0u;
-                const unsigned e10 = ok[1][0] ? kv_mma_v1(vr[1][0], d) : 0u;
-                const unsigned e11 = ok[1][1] ? kv_mma_v1(vr[1][1], d) : 0u;
-                const unsigned b0 = e00 | (e01 << 16);
-                const unsigned b1 = e10 | (e11 << 16);
-                float t4[4] = {0.f, 0.f, 0.f, 0.f};
-                kv_mma_f16(t4, ah, b0, b1);
-                kv_mma_f16(t4, al, b0, b1);
-                kv_acc_add4(acc[jn], t4);
+            for (int jn = 0; jn < NT; jn += 2) {
+                unsigned bv[4];
+                kv_ldsm_x4_trans(bv, vaddr + jn * 16);
+#if KV_MMA_V_DIRECT
+                bv[0] &= vm0;
+                bv[1] &= vm1;
+                bv[2] &= vm0;
+                bv[3] &= vm1;
+#endif
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
+                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
+                    kv_mma_f16(t4, ah, bv[2 * u], bv[2 * u + 1]);
+                    kv_mma_f16(t4, al, bv[2 * u], bv[2 * u + 1]);
+                    kv_acc_add4(acc[jn + u], t4);
+                }
             }
 #endif
         }
