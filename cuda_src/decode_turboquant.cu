@@ -125,8 +125,13 @@ __device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int 
         i0 = byte & 0xFu;
         i1 = byte >> 4;
     } else {
-        i0 = kv_dc_get_code<TQ_KEY_BITS>(rows[0], d);
-        i1 = kv_dc_get_code<TQ_KEY_BITS>(rows[0], d + 1);
+        // Codes d, d + 1 (d even): 2 * bits bits from bit bits * d, inside two bytes for
+        // bits <= 4 (the second byte stays inside the staged row: the norm follows).
+        const int bit = TQ_KEY_BITS * d;
+        const unsigned char* p = rows[0] + (bit >> 3);
+        const unsigned w = ((unsigned)p[0] | ((unsigned)p[1] << 8)) >> (bit & 7);
+        i0 = w & ((1u << TQ_KEY_BITS) - 1u);
+        i1 = (w >> TQ_KEY_BITS) & ((1u << TQ_KEY_BITS) - 1u);
     }
     const unsigned e0 = table[i0];
     const unsigned e1 = table[i1];

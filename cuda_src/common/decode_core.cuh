@@ -82,7 +82,7 @@
 
 // Tensor-core core (decode_mma.cuh) when the family provides its hooks (KV_MMA) and the rows
 // and head_dim fit it; -DKVKIT_DECODE_SIMT=1 forces the CUDA-core core (A/B measurements).
-#if defined(KV_MMA) && KV_MMA && (KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 256 && \
+#if defined(KV_MMA) && KV_MMA && (KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 128 && \
     !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
 #define KVD_USE_MMA 1
 #else
@@ -93,9 +93,9 @@
 // CTAs per SM (128 registers) hold the accumulators of R * D <= 2048 without spills, larger
 // row counts get the full 255 (one CTA per SM; their shared memory allows no more anyway).
 // The mma core keeps D / 2 accumulator floats per thread: three 128-thread CTAs per SM
-// (<= 168 registers) up to D = 128, one at D = 256.
+// (<= 168 registers).
 #if KVD_USE_MMA
-#define KVD_MIN_BLOCKS (KV_HEAD_DIM <= 128 ? 3 : 1)
+#define KVD_MIN_BLOCKS 3
 #else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif

@@ -1,5 +1,6 @@
 // decode_mma.cuh: split-K decode stage 1 on tensor cores (mma.sync m16n8k16, sm_80+), for
-// G * q_len <= 16 query rows and head_dim <= 256. Included by decode_core.cuh when
+// G * q_len <= 16 query rows and head_dim <= 128 (at 256 the D / 2 accumulator floats per
+// thread spill; the CUDA-core core serves it). Included by decode_core.cuh when
 // KVD_USE_MMA is 1; the tile pipeline (cp.async staging, page ring, copy modes) is the
 // one of decode_core.cuh, only the arithmetic differs.
 //
@@ -85,7 +86,7 @@ constexpr int QSTR = D + 8;
 constexpr float P_SCALE = 32768.0f;
 static_assert(WT == 16, "one 16-token mma k-step per warp and tile");
 static_assert(R <= 16, "the mma core serves at most 16 query rows");
-static_assert(D % 16 == 0 && D <= 256, "mma core head_dim");
+static_assert(D % 16 == 0 && D <= 128, "mma core head_dim");
 
 constexpr int OFF_QF = 0;                                     // float [16][D] query rows
 constexpr int OFF_QH = OFF_QF + kvd::a16(16 * D * 4);         // fp16 [16][QSTR] hi

@@ -17,8 +17,10 @@ stage                  kernel (entry)                               launch
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
 heads and all q_len queries of that KV head, so every cache byte is read once per step: tiles of
 64 tokens stream through a cp.async pipeline into shared memory and are dequantized straight
-from there, on tensor cores for G * q_len <= 16 at head_dim <= 256 (except bf16), on the CUDA
-cores otherwise (``cuda_src/common/decode_mma.cuh``, ``decode_core.cuh``). With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
+from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 (every format but bf16;
+``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise (``decode_core.cuh``;
+``KVKIT_DECODE_SIMT=1`` forces it). With one split and no sinks stage 1 writes o and lse
+itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
 grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
 scale (K) and into the partial accumulators (V), see ``stage1_scales``.

@@ -175,6 +175,45 @@ def test_every_format_and_group(cp, name, group, q_len):
     check_against_reference(case)
 
 
+# --- the two stage-1 cores ------------------------------------------------------------------
+
+
+def _stage1_threads(name, head_dim, group, q_len, q_dtype="float16"):
+    """Threads per CTA of the stage-1 kernel decode would launch: 128 = tensor-core core
+    (common/decode_mma.cuh), 256 = CUDA-core core."""
+    from kvkit.cuda import decode as cuda_decode
+
+    fmt = formats.get(name, head_dim)
+    entry, kname, _ = cuda_decode._STAGE1[fmt.family]
+    in_define, _ = cuda_decode._Q_DTYPES[q_dtype]
+    return cuda_decode._stage1_for(fmt, entry, kname, in_define, group, q_len)[2]
+
+
+@pytest.mark.parametrize(
+    "name, head_dim, group, q_len, threads",
+    [
+        ("fp16", 128, 4, 1, 128),
+        ("turboquant_4bit_nc", 64, 16, 1, 128),
+        ("nvfp4", 128, 8, 4, 256),  # 32 rows: more than one m16 tile
+        ("fp8_e4m3", 256, 4, 1, 256),  # D = 256: the accumulators would spill
+        ("bf16", 128, 4, 1, 256),  # bf16 values are not fp16 operands
+    ],
+)
+def test_stage1_core_choice(cp, name, head_dim, group, q_len, threads):
+    assert _stage1_threads(name, head_dim, group, q_len) == threads
+
+
+@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3", "nvfp4", "turboquant_4bit_nc",
+                                  "turboquant_k8v4", "turboquant_3bit_nc"])  # fmt: skip
+def test_forced_cuda_core_matches_float64(cp, name, monkeypatch):
+    # KVKIT_DECODE_SIMT=1 keeps the CUDA-core stage 1 covered where the tensor-core one runs.
+    monkeypatch.setenv("KVKIT_DECODE_SIMT", "1")
+    assert _stage1_threads(name, 128, 4, 2) == 256
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=2, block_size=16,
+                seq_lens=[37, 16 * 5, 2], seed=3, window=40, sinks=True)  # fmt: skip
+    check_against_reference(case)
+
+
 @st.composite
 def decode_cases(draw):
     name = draw(st.sampled_from(ALL_FORMATS))
