@@ -283,8 +283,8 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsig
             // TPT threads per token row (up to 8: a warp instruction then covers whole
             // 128-byte lines of 4 rows), thread (t, sub) copies chunks sub, sub + TPT, ... of
             // tokens t, t + THREADS / TPT, ...: one address computation per token it serves.
-            constexpr int NCH = W / 16;  // >= 1: ROW16 is chosen for W % 16 == 0 only
-            constexpr int TPT = NCH < 1 ? 1 : (NCH < 8 ? NCH : 8);
+            constexpr int NCH = W / 16;
+            constexpr int TPT = NCH < 8 ? NCH : 8;
             constexpr int TSTEP = kvd::THREADS / TPT;
             const int sub = threadIdx.x % TPT;
 #pragma unroll 1
