@@ -280,17 +280,15 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsig
     if constexpr (W > 0) {
         const long long head_off = (long long)kvh * sh;
         if (mode == KVD_MODE_ROW16) {
-            // TPT threads per token row (up to 8: a warp instruction then covers whole
-            // 128-byte lines of 4 rows), thread (t, sub) copies chunks sub, sub + TPT, ... of
-            // tokens t, t + THREADS / TPT, ...: one address computation per token it serves.
+            // TPT threads per token, thread (t, sub) copies chunks sub, sub + TPT, ...: one
+            // address computation per token and tile, and each pair of neighbouring threads
+            // fills whole 32-byte sectors.
             constexpr int NCH = W / 16;
-            constexpr int TPT = NCH < 8 ? NCH : 8;
-            constexpr int TSTEP = kvd::THREADS / TPT;
-            const int sub = threadIdx.x % TPT;
-#pragma unroll 1
-            for (int t = threadIdx.x / TPT; t < n_tile; t += TSTEP) {
-                const int page = tp[t];
-                if (page < 0) continue;
+            constexpr int TPT = kvd::THREADS / kvd::TILE;
+            const int t = threadIdx.x / TPT;
+            const int sub = threadIdx.x - t * TPT;
+            const int page = t < n_tile ? tp[t] : -1;
+            if (page >= 0) {
                 const int off = (t0 + t) % block_size;
                 const unsigned char* src =
                     base + ((long long)page * sb + head_off + (long long)off * st) * elem;
