@@ -240,14 +240,25 @@ _REGS_PER_SM = 65536
 _THREADS_PER_SM = 1536
 
 
+#: id(kernel) -> (kernel, resident CTAs): CuPy's ``attributes`` queries the driver for every
+#: attribute on each access (tens of microseconds), too slow for every decode call.
+_resident_cache: dict[int, tuple[object, int]] = {}
+
+
 def _resident_ctas(func, threads: int, smem: int) -> int:
     """Stage-1 CTAs one SM holds at once, from the kernel's registers (allocated per warp in
-    units of 256), its threads and its shared memory. The split heuristic fills SMs x this."""
+    units of 256), its threads and its shared memory (both fixed per kernel). The split
+    heuristic fills SMs x this. Computed once per kernel."""
+    hit = _resident_cache.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
     regs = int(func.attributes["num_regs"])
     per_warp = -(-regs * 32 // 256) * 256
     by_regs = _REGS_PER_SM // (per_warp * (threads // 32))
     by_threads = _THREADS_PER_SM // threads
-    return max(1, min(by_regs, by_threads, _SMEM_PER_SM // (smem + 1024)))
+    n = max(1, min(by_regs, by_threads, _SMEM_PER_SM // (smem + 1024)))
+    _resident_cache[id(func)] = (func, n)  # holds func, so its id is not reused
+    return n
 
 
 

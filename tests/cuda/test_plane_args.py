@@ -48,3 +48,33 @@ def test_decode_load_width_and_slab_bit():
     odd = fake_plane((8, 2, 16, 64), (2048, 1024, 64, 1), ptr=4097)
     assert int(cuda_decode._plane_args(odd, "k")[4]) == 1
     assert np.int32(cuda_decode._plane_args(odd, "k")[4]).dtype == np.int32
+
+
+class _FakeKernel:
+    """A stage-1 kernel stand-in that counts driver attribute queries."""
+
+    def __init__(self, regs):
+        self.regs = regs
+        self.queries = 0
+
+    @property
+    def attributes(self):
+        self.queries += 1
+        return {"num_regs": self.regs}
+
+
+@pytest.mark.parametrize(
+    "regs, threads, smem, expected",
+    [
+        (168, 128, 73 * 1024, 3),  # 168 x 32 x 4 = 21,504 registers a CTA: 3 fit 65,536
+        (160, 128, 88 * 1024, 2),  # shared memory: 2 x 89 KB of 228 KB
+        (64, 256, 10 * 1024, 4),  # registers 4 x 16,384; threads 1536 / 256 = 6
+        (40, 256, 1024, 6),  # threads: 1536 / 256
+        (255, 256, 200 * 1024, 1),  # never 0
+    ],
+)
+def test_resident_ctas_once_per_kernel(regs, threads, smem, expected):
+    k = _FakeKernel(regs)
+    assert cuda_decode._resident_ctas(k, threads, smem) == expected
+    assert cuda_decode._resident_ctas(k, threads, smem) == expected
+    assert k.queries == 1  # the driver is asked once per kernel, not per decode call
