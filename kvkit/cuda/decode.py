@@ -261,8 +261,6 @@ def _resident_ctas(func, threads: int, smem: int) -> int:
     return n
 
 
-
-
 def decode(
     q,
     q_dtype,

@@ -56,3 +56,25 @@ def rel_frobenius(out: np.ndarray, ref: np.ndarray) -> float:
     den = float(np.linalg.norm(ref))
     err = float(np.linalg.norm(out - ref))
     return err / den if den > 0 else err
+
+
+def lse_error(lse: np.ndarray, ref: np.ndarray) -> float:
+    """Error of log-sum-exp values: |lse - ref| / max(|ref|, 1), worst entry, in float64.
+
+    An absolute error in lse is a relative error in the softmax denominator, which is what
+    float32 rounding perturbs; above magnitude 1 it is measured relative to |lse| because a
+    float32 result itself carries an ulp of |lse|. Entries that are -inf in both (empty rows)
+    count as exact; any other non-finite error (NaN, one-sided -inf) is inf.
+    lse, ref: arrays of one shape.
+    """
+    lse = np.asarray(lse, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    if lse.shape != ref.shape:
+        raise ValueError(f"shape mismatch: {lse.shape} vs {ref.shape}")
+    if lse.size == 0:
+        return 0.0
+    both_empty = (lse == -np.inf) & (ref == -np.inf)
+    with np.errstate(invalid="ignore"):
+        err = np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0)
+    err = np.where(both_empty, 0.0, err)
+    return float(err.max()) if np.all(np.isfinite(err)) else float("inf")

@@ -12,28 +12,9 @@ from hypothesis import strategies as st
 from kvkit.cpu.decode import decode_pages, decode_stage1, merge_splits
 from kvkit.splits import MAX_SPLITS, split_page_range
 from kvkit.testing.reference import paged_attention_f64
-from kvkit.testing.tolerance import DECODE_CPU_RTOL, SPLIT_INVARIANCE_RTOL, rel_error
+from kvkit.testing.tolerance import DECODE_CPU_RTOL, SPLIT_INVARIANCE_RTOL, lse_error, rel_error
 
 SPLIT_COUNTS = (1, 3, MAX_SPLITS)
-
-
-def lse_error(lse, ref):
-    """Error of log-sum-exp values as the relative error of exp(lse) where |lse| <= 1.
-
-    An absolute error in lse is a relative error in the softmax denominator, which is what
-    float32 rounding perturbs; above magnitude 1 it is measured relative to |lse| because the
-    float32 result itself carries an ulp of |lse|. Matching -inf entries count as exact.
-    """
-    lse = np.asarray(lse, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert lse.shape == ref.shape
-    both_empty = (lse == -np.inf) & (ref == -np.inf)
-    with np.errstate(invalid="ignore"):
-        err = np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0)
-    err = np.where(both_empty, 0.0, err)
-    if err.size == 0:
-        return 0.0
-    return float(err.max()) if np.all(np.isfinite(err)) else float("inf")
 
 
 @st.composite

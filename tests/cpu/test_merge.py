@@ -12,18 +12,7 @@ from hypothesis import strategies as st
 from kvkit.cpu.decode import decode_stage1, merge_splits
 from kvkit.cpu.merge import merge_states
 from kvkit.testing.reference import attention_f64
-from kvkit.testing.tolerance import DECODE_CPU_RTOL, rel_error
-
-
-def _lse_error(lse, ref):
-    # Absolute lse error is the relative error of the softmax denominator (see
-    # tests/cpu/test_decode_pages.py); measured relative to |lse| above magnitude 1.
-    lse = np.asarray(lse, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    same_inf = (lse == -np.inf) & (ref == -np.inf)
-    with np.errstate(invalid="ignore"):
-        err = np.where(same_inf, 0.0, np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0))
-    return float(np.max(err, initial=0.0))
+from kvkit.testing.tolerance import DECODE_CPU_RTOL, lse_error, rel_error
 
 
 @given(
@@ -66,7 +55,7 @@ def test_merge_of_disjoint_parts_equals_full_attention(sizes, num_heads, peak, s
         return
     ref_o, ref_lse = attention_f64(q, k, v, scale=scale)
     assert rel_error(o, ref_o[0]) <= DECODE_CPU_RTOL
-    assert _lse_error(lse, ref_lse[0]) <= DECODE_CPU_RTOL
+    assert lse_error(lse, ref_lse[0]) <= DECODE_CPU_RTOL
 
 
 def test_all_empty_gives_zero_and_minus_inf():
@@ -94,7 +83,7 @@ def test_two_parts_closed_form():
     lse = np.array([[0.0], [np.log(3.0)]], dtype=np.float32)
     out, out_lse = merge_states(o, lse)
     assert rel_error(out, np.array([[0.25, 0.75]])) <= DECODE_CPU_RTOL
-    assert _lse_error(out_lse, [np.log(4.0)]) <= DECODE_CPU_RTOL
+    assert lse_error(out_lse, [np.log(4.0)]) <= DECODE_CPU_RTOL
 
 
 def test_unbatched_rows():
@@ -123,7 +112,7 @@ def test_agrees_with_split_merge_of_decode():
     # (B, q_len, Hq, S[, D]) -> (S, B, q_len, Hq[, D])
     o, lse = merge_states(np.moveaxis(part_o, 3, 0), np.moveaxis(part_lse, 3, 0))
     assert rel_error(o, o_ref) <= DECODE_CPU_RTOL
-    assert _lse_error(lse, lse_ref) <= DECODE_CPU_RTOL
+    assert lse_error(lse, lse_ref) <= DECODE_CPU_RTOL
 
 
 @pytest.mark.parametrize(

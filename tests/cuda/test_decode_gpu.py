@@ -23,7 +23,7 @@ from kvkit.cpu.merge import merge_states as cpu_merge_states
 from kvkit.formats import codecs
 from kvkit.splits import MAX_SPLITS
 from kvkit.testing.reference import paged_attention_f64
-from kvkit.testing.tolerance import DECODE_GPU_RTOL, SPLIT_INVARIANCE_RTOL, rel_error
+from kvkit.testing.tolerance import DECODE_GPU_RTOL, SPLIT_INVARIANCE_RTOL, lse_error, rel_error
 
 pytestmark = pytest.mark.gpu
 
@@ -39,20 +39,6 @@ def cp():
     import cupy
 
     return cupy
-
-
-def lse_error(lse, ref):
-    """Relative error of exp(lse) for |lse| <= 1, relative to |lse| above; -inf == -inf."""
-    lse = np.asarray(lse, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    assert lse.shape == ref.shape
-    both_empty = (lse == -np.inf) & (ref == -np.inf)
-    with np.errstate(invalid="ignore"):
-        err = np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0)
-    err = np.where(both_empty, 0.0, err)
-    if err.size == 0:
-        return 0.0
-    return float(err.max()) if np.all(np.isfinite(err)) else float("inf")
 
 
 # --- building a case ----------------------------------------------------------------------
