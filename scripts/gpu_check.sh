@@ -5,12 +5,15 @@
 #
 #   PYTHONPATH is set to the source tree; nothing is installed.
 #   OUT defaults to ./gpu_out; HYPOTHESIS_PROFILE defaults to ci.
-#   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench
+#   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench ncu
+#     (ncu is not in the default set: Nsight Compute on one stage-1 launch per format in
+#     NCU_FORMATS at NCU_SHAPE, occupancy / issue / throughput lines into ncu.txt)
 #   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
 #   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
+export OUT
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 KVKIT_REQUIRE_GPU=1
 export KVKIT_CACHE_DIR=${KVKIT_CACHE_DIR:-/tmp/kvkit_cache}
@@ -48,6 +51,15 @@ for s in $STEPS; do
     memcheck) step memcheck timeout "${T_MEMCHECK:-240}" "$SAN" --tool memcheck --error-exitcode 3 \
                 --print-limit 20 python scripts/sanitize_targets.py ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
+    ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+                for f in ${NCU_FORMATS:-turboquant_4bit_nc fp16}; do
+                  echo "== $f ${NCU_SHAPE:-64 8192}"
+                  timeout "${T_NCU:-120}" "$NCU" --kernel-name regex:stage1 --launch-skip 2 \
+                    --launch-count 1 --section SpeedOfLight --section Occupancy \
+                    --section WarpStateStats --section SchedulerStats --section LaunchStats \
+                    python scripts/profile_decode.py "$f" ${NCU_SHAPE:-64 8192} 2>&1 |
+                    grep -E "Duration|Throughput|Registers Per|Dynamic Shared|Achieved|Theoretical Occ|Issued|Eligible|Active Warps|Grid Size|Waves|splits"
+                done | tee "$OUT/ncu.txt"' ;;
   esac
 done
 
