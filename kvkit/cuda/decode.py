@@ -235,7 +235,8 @@ def _merge_kernel(name: str):
 _SMEM_PER_SM = 228 * 1024
 
 
-#: Registers and threads of an SM (sm_80 .. sm_120).
+#: Registers of an SM, and the fewest threads any target from sm_80 to sm_120 keeps resident
+#: (1536 on sm_86 / sm_89 / sm_120; sm_80 and sm_90 allow 2048).
 _REGS_PER_SM = 65536
 _THREADS_PER_SM = 1536
 
