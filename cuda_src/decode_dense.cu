@@ -86,37 +86,4 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
 
 #include "common/decode_core.cuh"
 
-// Grid (num_splits, Hkv, B), block kvd::THREADS, dynamic shared kv_decode_launch[0].
-extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void kv_decode_dense_stage1(
-    const void* __restrict__ q,  // (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous
-    const unsigned char* __restrict__ p0,  // K plane (num_blocks, Hkv, block_size, D)
-    long long p0_sb, long long p0_sh, long long p0_st,  // its strides in elements
-    int p0_vec,  // widest aligned load in bytes (16, 8, 4, 2, 1)
-    const unsigned char* __restrict__ p1,  // V plane, same shape
-    long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,
-    const unsigned char* __restrict__ p2,  // unused (null)
-    long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,
-    const unsigned char* __restrict__ p3,  // unused (null)
-    long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,
-    const int* __restrict__ block_tables,  // (B, max_blocks)
-    int max_blocks,
-    const int* __restrict__ seq_lens,  // (B,)
-    int num_blocks, int block_size,
-    int window,           // <= 0: no window
-    float scale,          // softmax scale (times k_scale for fp8)
-    float softcap,        // <= 0: no soft-cap
-    float v_out_scale,    // 1, or v_scale for fp8
-    int split_stride,     // MAX_SPLITS
-    float* __restrict__ m_part,    // (B, q_len, Hq, split_stride)
-    float* __restrict__ l_part,    // (B, q_len, Hq, split_stride)
-    float* __restrict__ acc_part,  // (B, q_len, Hq, split_stride, D)
-    float* __restrict__ o_out,     // (B, q_len, Hq, D) final o, or null: partial state only
-    float* __restrict__ lse_out,   // (B, q_len, Hq) final lse (with o_out; one split, no sinks)
-    int* __restrict__ error_flag)  // (1,)
-{
-    kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2,
-                   p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec, block_tables,
-                   max_blocks, seq_lens, num_blocks, block_size, window, scale, softcap,
-                   v_out_scale, split_stride, m_part, l_part, acc_part, o_out, lse_out,
-                   error_flag);
-}
+KV_DEFINE_STAGE1_KERNEL(kv_decode_dense_stage1)

@@ -805,3 +805,45 @@ __device__ int kv_decode_launch[2] = {kvm::SMEM, kvd::THREADS};
 __device__ int kv_decode_launch[2] = {kvd::SMEM, kvd::THREADS};
 #endif
 }
+
+// The stage-1 kernel of an entry: KV_DEFINE_STAGE1_KERNEL(name) after including this file.
+// Launch: grid (num_splits, Hkv, B), kv_decode_launch[1] threads, kv_decode_launch[0] bytes
+// of dynamic shared memory. Planes p0..p3 are the entry's, in the launcher's order (each
+// entry's header names them and their widths): (num_blocks, Hkv, block_size, width), strides
+// in elements, unused ones a never-read pointer with width 0. `scale` and `v_out_scale` are
+// the softmax scale and the acc factor with the family's global scales folded in
+// (kvkit/cuda/decode.py stage1_scales).
+#define KV_DEFINE_STAGE1_KERNEL(NAME)                                                        \
+    extern "C" __global__ __launch_bounds__(kvd::THREADS, KVD_MIN_BLOCKS) void NAME(         \
+        const void* __restrict__ q, /* (B, q_len, Hq, D) KV_IN_DTYPE, C-contiguous */        \
+        const unsigned char* __restrict__ p0, /* plane 0 (num_blocks, Hkv, bs, width) */     \
+        long long p0_sb, long long p0_sh, long long p0_st, /* its strides, elements */       \
+        int p0_vec, /* widest aligned load in bytes (16, 8, 4, 2, 1) | KVD_SLAB_BIT */       \
+        const unsigned char* __restrict__ p1, /* plane 1, as plane 0 */                      \
+        long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,                       \
+        const unsigned char* __restrict__ p2, /* plane 2, as plane 0 */                      \
+        long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,                       \
+        const unsigned char* __restrict__ p3, /* plane 3, as plane 0 */                      \
+        long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,                       \
+        const int* __restrict__ block_tables, /* (B, max_blocks) */                          \
+        int max_blocks,                                                                      \
+        const int* __restrict__ seq_lens, /* (B,) */                                         \
+        int num_blocks, int block_size,                                                      \
+        int window,        /* <= 0: no window */                                             \
+        float scale,       /* softmax scale, the family's K scales folded in */              \
+        float softcap,     /* <= 0: no soft-cap */                                           \
+        float v_out_scale, /* the family's V scale (1 when it has none) */                   \
+        int split_stride,  /* MAX_SPLITS */                                                  \
+        float* __restrict__ m_part,   /* (B, q_len, Hq, split_stride) */                     \
+        float* __restrict__ l_part,   /* (B, q_len, Hq, split_stride) */                     \
+        float* __restrict__ acc_part, /* (B, q_len, Hq, split_stride, D) */                  \
+        float* __restrict__ o_out,    /* (B, q_len, Hq, D) final o, or null: partials only */ \
+        float* __restrict__ lse_out,  /* (B, q_len, Hq) final lse, with o_out */             \
+        int* __restrict__ error_flag) /* (1,) */                                             \
+    {                                                                                        \
+        kv_stage1_body(q, p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec,  \
+                       p2, p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec,     \
+                       block_tables, max_blocks, seq_lens, num_blocks, block_size, window,   \
+                       scale, softcap, v_out_scale, split_stride, m_part, l_part, acc_part,  \
+                       o_out, lse_out, error_flag);                                          \
+    }
