@@ -34,14 +34,17 @@
 //
 // Family hooks (defined by the entry before including decode_core.cuh):
 //   KV_MMA_KSPLIT     1: kv_mma_k2 also returns a lo part (codebook keys)
-//   KV_MMA_VCODES     0: kv_mma_v1 returns fp16 bits of the value (times KV_MMA_VF^-1);
-//                     1: the integer code, and kv_mma_vtok gives (scale_t, zero_t)
+//   KV_MMA_VCODES     0: kv_mma_v8 returns fp16 values (times KV_MMA_VF^-1);
+//                     1: bf16 integer codes (minus KV_MMA_VCODE_OFFSET), and kv_mma_vtok
+//                     gives (scale_t, zero_t + offset * scale_t)
 //   KV_MMA_KF / VF    float: true key / value = hook value * KF / VF
 //   KV_MMA_TABLE_WORDS, kv_mma_init_table(unsigned* tab, int tid) -> float factor: a shared
 //                     table built per CTA (the codebook hi/lo), and a power-of-two factor the
 //                     scores are multiplied by
+//   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix (no k2)
 //   kv_mma_k2(rows, d, tab, &hi, &lo): key elements d, d + 1 (d even) as fp16x2
-//   kv_mma_v1(rows, d): value element d (see KV_MMA_VCODES)
+//   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
+//   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
 #pragma once
 
