@@ -61,6 +61,28 @@ def shape_set(quick: bool = False) -> list[Shape]:
     return [Shape(8, 8192), Shape(64, 8192)] if quick else shapes
 
 
+def parse_shapes(text: str) -> list[Shape]:
+    """Shapes from ``"BxT[xHqxHkvxD],..."``, e.g. ``"64x8192,1x131072,32x4096x32x8x256"``.
+
+    Missing fields take the main set's defaults (Hq=32, Hkv=8, D=128).
+    """
+    shapes = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            continue
+        fields = item.lower().split("x")
+        if len(fields) not in (2, 5) or not all(f.isdigit() and int(f) > 0 for f in fields):
+            raise ValueError(f"bad shape {item!r}: want BxT or BxTxHqxHkvxD with positive integers")
+        values = [int(f) for f in fields]
+        shape = Shape(*values)
+        if shape.Hq % shape.Hkv:
+            raise ValueError(f"bad shape {item!r}: Hq={shape.Hq} is not a multiple of Hkv")
+        shapes.append(shape)
+    if not shapes:
+        raise ValueError("no shapes given")
+    return shapes
+
+
 def _l2_bytes() -> int:
     import cupy as cp
 
@@ -335,6 +357,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--formats", default=",".join(formats.names()), help="comma-separated")
     ap.add_argument("--reps", type=int, default=30, help="timed runs per point (median)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
+    ap.add_argument(
+        "--shapes", type=parse_shapes, default=None,
+        help="decode shapes instead of the set: BxT[xHqxHkvxD],... (e.g. 64x8192,1x131072)",
+    )
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timings")
     ap.add_argument("--no-write", action="store_true", help="skip the write benchmark")
 
@@ -352,7 +378,8 @@ def run(args: argparse.Namespace) -> int:
     names = [n for n in args.formats.split(",") if n]
     copy_bw = copy_tbps()
     print(f"device copy: {copy_bw:.2f} TB/s (read + write)")
-    rows = bench_decode(names, shape_set(args.quick), args.reps, copy_bw, graph=not args.no_graph)
+    shapes = args.shapes if args.shapes is not None else shape_set(args.quick)
+    rows = bench_decode(names, shapes, args.reps, copy_bw, graph=not args.no_graph)
     if not args.no_write:
         rows += bench_write(names, args.reps, copy_bw)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=1))

@@ -23,6 +23,21 @@ def test_shape_set_is_the_published_one():
     }  # fmt: skip
 
 
+def test_shapes_option_parses_short_and_full_forms():
+    shapes = bench.parse_shapes("64x8192, 1x131072,32x4096x32x8x256")
+    assert [(s.B, s.T, s.Hq, s.Hkv, s.D) for s in shapes] == [
+        (64, 8192, 32, 8, 128), (1, 131072, 32, 8, 128), (32, 4096, 32, 8, 256),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text", ["", "64", "64x", "64x8192x32", "0x8192", "-1x8", "8x8192x30x8x128", "ax1"]
+)
+def test_shapes_option_rejects_malformed_text(text):
+    with pytest.raises(ValueError):
+        bench.parse_shapes(text)
+
+
 def test_decode_byte_model_counts_planes_tables_q_and_o():
     fmt = formats.get("turboquant_4bit_nc", 128)
     # FACTS.md: the 4bit_nc floor at B=64, T=8192 is 562 MB of cache.
