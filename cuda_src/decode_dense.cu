@@ -64,10 +64,13 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA 1
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
 #define KV_MMA_VF KV_E4M3_F16_FACTOR
-__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
-                                          const unsigned*, unsigned* hi, unsigned* lo) {
-    *hi = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(rows[0] + d));
-    *lo = 0u;
+__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
+                                          const unsigned*, unsigned* h0, unsigned* h1,
+                                          unsigned* l0, unsigned* l1) {
+    const unsigned char* p = rows[0] + 16 * ks + 2 * c;
+    *h0 = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(p));
+    *h1 = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(p + 8));
+    *l0 = *l1 = 0u;
 }
 // V elements d8..d8+7 (8-byte aligned: staged rows are 16-byte aligned).
 __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {

@@ -54,10 +54,16 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA 1
 #define KV_MMA_KF 256.0f
 #define KV_MMA_VF 256.0f
-__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
-                                          const unsigned*, unsigned* hi, unsigned* lo) {
-    *hi = kv_dc_nvfp4x2_f16x2(rows[0][d >> 1], kv_dc_nvfp4_sf_f16x2(rows[1][d / KV_NVFP4_BLOCK]));
-    *lo = 0u;
+// Elements 16 ks + 2c, +1 (code byte 8 ks + c) and 16 ks + 2c + 8, +9 (byte 8 ks + 4 + c):
+// one 16-element block, one scale.
+__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
+                                          const unsigned*, unsigned* h0, unsigned* h1,
+                                          unsigned* l0, unsigned* l1) {
+    static_assert(KV_NVFP4_BLOCK == 16, "one block scale per 16-dim k-step");
+    const unsigned sf = kv_dc_nvfp4_sf_f16x2(rows[1][ks]);
+    *h0 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + c], sf);
+    *h1 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + 4 + c], sf);
+    *l0 = *l1 = 0u;
 }
 // V elements d8..d8+7: 4 code bytes (4-byte aligned in the 16-byte aligned data rows), one
 // block scale.

@@ -93,50 +93,62 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA_VF 1.0f
 #if TQ_KEY_FP8
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
-__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
-                                          const unsigned*, unsigned* hi, unsigned* lo) {
-    *hi = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(rows[0] + d));
-    *lo = 0u;
+// Key bytes 16 ks + 2c, +1 and +8, +9 (byte loads: slab rows are only 2-byte aligned).
+__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
+                                          const unsigned*, unsigned* h0, unsigned* h1,
+                                          unsigned* l0, unsigned* l1) {
+    const unsigned char* p = rows[0] + 16 * ks + 2 * c;
+    *h0 = kv_dc_e4m3x2_f16x2((unsigned)p[0] | ((unsigned)p[1] << 8));
+    *h1 = kv_dc_e4m3x2_f16x2((unsigned)p[8] | ((unsigned)p[9] << 8));
+    *l0 = *l1 = 0u;
 }
 #else
 #define KV_MMA_KF 1.0f
 #define KV_MMA_KSPLIT 1
-#define KV_MMA_TABLE_WORDS (1 << TQ_KEY_BITS)
-// Table word i: fp16 hi | fp16 lo << 16 of c[i] * 2^e; returns 2^-e (the scores' factor).
-__device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid) {
+// Pair table: entry (c1 << bits) | c0 (two neighbouring codes, LSB first as in the stream)
+// -> {fp16x2 hi, fp16x2 lo} of (c[c0], c[c1]) * 2^e: one shared load per element pair.
+#define KV_TQ_PAIRS (1 << (2 * TQ_KEY_BITS))
+#define KV_MMA_TABLE_WORDS (2 * KV_TQ_PAIRS)
+// Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
+__device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
+    constexpr unsigned M = (1u << TQ_KEY_BITS) - 1u;
     float mx = 0.f;
 #pragma unroll
     for (int i = 0; i < (1 << TQ_KEY_BITS); ++i) mx = fmaxf(mx, fabsf(kv_tq_centroids[i]));
     int e = mx > 0.f ? 14 - kv_ilog2(mx) : 0;
     e = e < -100 ? -100 : (e > 100 ? 100 : e);
-    if (tid < (1 << TQ_KEY_BITS)) {
-        const float x = kv_tq_centroids[tid] * kv_pow2(e);
+    const float f = kv_pow2(e);
+    for (int k = tid; k < KV_TQ_PAIRS; k += nthreads) {
         unsigned hi, lo;
-        kv_split_f16x2(x, 0.f, &hi, &lo);
-        table[tid] = (hi & 0xFFFFu) | (lo << 16);
+        kv_split_f16x2(kv_tq_centroids[k & M] * f, kv_tq_centroids[k >> TQ_KEY_BITS] * f, &hi,
+                       &lo);
+        reinterpret_cast<uint2*>(table)[k] = make_uint2(hi, lo);
     }
     return kv_pow2(-e);
 }
-__device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int d,
-                                          const unsigned* table, unsigned* hi, unsigned* lo) {
-    unsigned i0, i1;
+// The pair of codes d, d + 1 (d even) as a table index.
+__device__ __forceinline__ unsigned kv_tq_key_pair(const unsigned char* row, int d) {
     if constexpr (TQ_KEY_BITS == 4) {
-        const unsigned byte = rows[0][d >> 1];
-        i0 = byte & 0xFu;
-        i1 = byte >> 4;
+        return row[d >> 1];
     } else {
-        // Codes d, d + 1 (d even): 2 * bits bits from bit bits * d, inside two bytes for
-        // bits <= 4 (the second byte stays inside the staged row: the norm follows).
+        // 2 * bits bits from bit bits * d, inside two bytes for bits <= 4 (the second byte
+        // stays inside the staged row: the norm follows the codes).
         const int bit = TQ_KEY_BITS * d;
-        const unsigned char* p = rows[0] + (bit >> 3);
+        const unsigned char* p = row + (bit >> 3);
         const unsigned w = ((unsigned)p[0] | ((unsigned)p[1] << 8)) >> (bit & 7);
-        i0 = w & ((1u << TQ_KEY_BITS) - 1u);
-        i1 = (w >> TQ_KEY_BITS) & ((1u << TQ_KEY_BITS) - 1u);
+        return w & ((1u << (2 * TQ_KEY_BITS)) - 1u);
     }
-    const unsigned e0 = table[i0];
-    const unsigned e1 = table[i1];
-    *hi = __byte_perm(e0, e1, 0x5410);
-    *lo = __byte_perm(e0, e1, 0x7632);
+}
+__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
+                                          const unsigned* table, unsigned* h0, unsigned* h1,
+                                          unsigned* l0, unsigned* l1) {
+    const uint2* t2 = reinterpret_cast<const uint2*>(table);
+    const uint2 a = t2[kv_tq_key_pair(rows[0], 16 * ks + 2 * c)];
+    const uint2 b = t2[kv_tq_key_pair(rows[0], 16 * ks + 2 * c + 8)];
+    *h0 = a.x;
+    *l0 = a.y;
+    *h1 = b.x;
+    *l1 = b.y;
 }
 #endif
 // Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code
@@ -146,6 +158,19 @@ __device__ __forceinline__ void kv_mma_k2(const unsigned char* const* rows, int 
 __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
     constexpr unsigned M = (1u << TQ_VALUE_BITS) - 1u;
     constexpr int B = TQ_VALUE_BITS;
+    if constexpr (B == 4) {
+        // 8 codes in one word (two 2-byte loads: slab rows are 2-byte aligned); even codes
+        // in the bytes of lo, odd ones in the bytes of hi; PRMT pairs them per half.
+        const unsigned short* p =
+            reinterpret_cast<const unsigned short*>(rows[0] + TQ_VALUE_OFFSET + (d8 >> 1));
+        const unsigned w = (unsigned)p[0] | ((unsigned)p[1] << 16);
+        const unsigned lo = w & 0x0F0F0F0Fu;
+        const unsigned hi = (w >> 4) & 0x0F0F0F0Fu;
+        return make_uint4(kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0400)),
+                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0501)),
+                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0602)),
+                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0703)));
+    }
     const unsigned a = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8);
     const unsigned c = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8 + 4);
     return make_uint4(kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(a & M, (a >> B) & M),

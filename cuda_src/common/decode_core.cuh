@@ -83,6 +83,7 @@
 // Tensor-core core (decode_mma.cuh) when the family provides its hooks (KV_MMA) and the rows
 // and head_dim fit it; -DKVKIT_DECODE_SIMT=1 forces the CUDA-core core (A/B measurements).
 #if defined(KV_MMA) && KV_MMA && (KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 128 && \
+    KV_HEAD_DIM % 32 == 0 && \
     !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
 #define KVD_USE_MMA 1
 #else
@@ -92,10 +93,10 @@
 // Register budget: ptxas left alone caps 256-thread kernels at 64 registers and spills; two
 // CTAs per SM (128 registers) hold the accumulators of R * D <= 2048 without spills, larger
 // row counts get the full 255 (one CTA per SM; their shared memory allows no more anyway).
-// The mma core keeps D / 2 accumulator floats per thread: three 128-thread CTAs per SM
-// (<= 168 registers).
+// The mma core keeps D / 8 accumulator floats per thread and row tile of 8 query rows: four
+// 128-thread CTAs per SM (<= 128 registers) with one row tile, two with two.
 #if KVD_USE_MMA
-#define KVD_MIN_BLOCKS 3
+#define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 ? 4 : 2)
 #else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif
@@ -165,7 +166,10 @@ constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
 // Pipeline depth: as many stages as fit 72 KB (2..4). Two CTAs per SM then keep 35-70 KB of
 // copies in flight per SM (Little's law at ~4.8 TB/s / 132 SMs x ~1 us needs ~36 KB) and
 // their shared memory still fits an H200 SM (228 KB) for every D <= 128 format.
-constexpr int STAGES_FIT = (72 * 1024) / STAGE_BYTES;
+// The mma core (4 warps, up to four CTAs per SM) keeps a smaller budget: its CTAs are
+// bound by instructions and latency, more of them per SM beat deeper pipelines.
+constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
+constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;

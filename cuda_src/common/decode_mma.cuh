@@ -1,6 +1,6 @@
 // decode_mma.cuh: split-K decode stage 1 on tensor cores (mma.sync m16n8k16, sm_80+), for
-// G * q_len <= 16 query rows and head_dim <= 128 (at 256 the D / 2 accumulator floats per
-// thread spill; the CUDA-core core serves it). Included by decode_core.cuh when
+// G * q_len <= 16 query rows and head_dim in {32, 64, 96, 128} (D = 256 would keep too many
+// accumulator floats per thread; the CUDA-core core serves it). Included by decode_core.cuh when
 // KVD_USE_MMA is 1; the tile pipeline (cp.async staging, page ring, copy modes) is the
 // one of decode_core.cuh, only the arithmetic differs.
 //
@@ -28,21 +28,26 @@
 //   A (16 x 16): a0 (row g, k 2c..2c+1), a1 (row g+8, same k), a2 (row g, k 2c+8..),
 //     a3 (row g+8, k 2c+8..); B (16 x 8): b0 (k 2c..2c+1, col g), b1 (k 2c+8.., col g);
 //   C (16 x 8): c0 (g, 2c), c1 (g, 2c+1), c2 (g+8, 2c), c3 (g+8, 2c+1).
-// Scores: M = rows, N = 8 tokens (two n-tiles per warp), K = 16 head dims. PV: M = rows,
-// N = 8 head dims (D / 8 n-tiles), K = the warp's 16 tokens; the score C fragments of the two
-// token n-tiles are exactly the A fragment of P (the thread keeps the tokens it scored).
+// Orientation: the query rows are the mma N (8 per row tile, NR = ceil(R / 8) tiles), so
+// R = 4..8 wastes nothing of M and the accumulator is D / 16 m-tiles x 4 floats per row tile.
+//   Scores S^T = K Q^T: M = the warp's 16 tokens, K = 16 dims per k-step; the thread's C
+//     holds tokens g, g + 8 x rows 8 nr + 2c, +1 (its softmax rows).
+//   PV O^T = V^T P^T: M = 16 dims per m-tile, K = the warp's 16 tokens; B = P^T is the
+//     transpose (movmatrix) of the thread's score C pairs, A = V^T comes from a row-major
+//     [token][dim] 16-bit tile by ldmatrix.trans; the thread's C holds dims 16 mi + g, + 8 x
+//     rows 8 nr + 2c, +1: the rows whose softmax state it owns (no shuffles for alpha).
 //
 // Family hooks (defined by the entry before including decode_core.cuh):
-//   KV_MMA_KSPLIT     1: kv_mma_k2 also returns a lo part (codebook keys)
+//   KV_MMA_KSPLIT     1: kv_mma_k4 also returns lo parts (codebook keys)
 //   KV_MMA_VCODES     0: kv_mma_v8 returns fp16 values (times KV_MMA_VF^-1);
-//                     1: bf16 integer codes (minus KV_MMA_VCODE_OFFSET), and kv_mma_vtok
-//                     gives (scale_t, zero_t + offset * scale_t)
-//   KV_MMA_KF / VF    float: true key / value = hook value * KF / VF
-//   KV_MMA_TABLE_WORDS, kv_mma_init_table(unsigned* tab, int tid) -> float factor: a shared
-//                     table built per CTA (the codebook hi/lo), and a power-of-two factor the
-//                     scores are multiplied by
-//   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix (no k2)
-//   kv_mma_k2(rows, d, tab, &hi, &lo): key elements d, d + 1 (d even) as fp16x2
+//                     1: bf16 integer codes, and kv_mma_vtok gives (scale_t, zero_t)
+//   KV_MMA_KF / VF    float: true key / value = operand value * KF / VF
+//   KV_MMA_TABLE_WORDS, kv_mma_init_table(unsigned* tab, tid, nthreads) -> float factor: a shared
+//                     table built per CTA (codebook pairs hi/lo), and a power-of-two factor
+//                     the scores are multiplied by
+//   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix
+//   kv_mma_k4(rows, ks, c, tab, &h0, &h1, &l0, &l1): key elements 16 ks + 2c, +1 (h0) and
+//                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2 (lo parts l0, l1)
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
 //   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
@@ -79,8 +84,9 @@ using kvd::THREADS;
 using kvd::TILE;
 constexpr int NWM = THREADS / KV_WARP;  // 4 warps
 constexpr int WT = TILE / NWM;          // 16 tokens per warp per tile
-constexpr int KS = D / 16;              // k-steps of the score mma
-constexpr int NT = D / 8;               // n-tiles of the PV mma
+constexpr int KS = D / 16;              // k-steps of the score mma (even: D % 32 == 0)
+constexpr int MT = D / 16;              // m-tiles (16 dims) of the PV mma
+constexpr int NR = (R + 7) / 8;         // row tiles of 8 (the mma N)
 // q rows in shared memory: D halves + 16 bytes, so the 8 row addresses of an ldmatrix
 // fall into different banks.
 constexpr int QSTR = D + 8;
@@ -89,15 +95,8 @@ constexpr int QSTR = D + 8;
 constexpr float P_SCALE = 32768.0f;
 static_assert(WT == 16, "one 16-token mma k-step per warp and tile");
 static_assert(R <= 16, "the mma core serves at most 16 query rows");
-static_assert(D % 16 == 0 && D <= 128, "mma core head_dim");
+static_assert(D % 32 == 0 && D <= 128, "mma core head_dim");
 
-constexpr int OFF_QF = 0;                                     // float [16][D] query rows
-constexpr int OFF_QH = OFF_QF + kvd::a16(16 * D * 4);         // fp16 [16][QSTR] hi
-constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
-constexpr int OFF_RS = OFF_QL + kvd::a16(16 * QSTR * 2);      // float [16] row score scale
-constexpr int OFF_ML = OFF_RS + kvd::a16(16 * 4);             // float [NWM][16][2] (m, l)
-constexpr int OFF_TP = OFF_ML + kvd::a16(NWM * 16 * 2 * 4);   // int [NP][TILE] page ring
-constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
 // Per-warp V operand tile [16 tokens][VSTR] of 16-bit values (families without direct V).
 constexpr int VSTR = D + 8;
 #if KV_MMA_V_DIRECT
@@ -105,8 +104,20 @@ constexpr int VT_BYTES = 0;
 #else
 constexpr int VT_BYTES = NWM * 16 * VSTR * 2;
 #endif
-constexpr int OFF_VT = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
-constexpr int OFF_STG = OFF_VT + kvd::a16(VT_BYTES);
+// The float query rows live only until the fp16 operands are built, the V tiles only in the
+// tile loop: one scratch region holds either.
+constexpr int QF_BYTES = 16 * D * 4;
+constexpr int SCRATCH = VT_BYTES > QF_BYTES ? VT_BYTES : QF_BYTES;
+constexpr int OFF_QF = 0;                                     // float [16][D] query rows
+constexpr int OFF_VT = 0;                                     // V tiles (aliases OFF_QF)
+constexpr int OFF_ML = 0;  // float [NWM][16][2] (m, l) after the tile loop (scratch too)
+static_assert(NWM * 16 * 2 * 4 <= SCRATCH, "warp states fit the scratch region");
+constexpr int OFF_QH = kvd::a16(SCRATCH);                     // fp16 [16][QSTR] hi
+constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
+constexpr int OFF_RS = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // float [16]
+constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
+constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
+constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
 constexpr int RED_BYTES = NWM * R * D * 4;  // per-warp accumulators at the end of a split
 constexpr int STG_BYTES =
     kvd::STAGES * kvd::STAGE_BYTES > RED_BYTES ? kvd::STAGES * kvd::STAGE_BYTES : RED_BYTES;
@@ -145,6 +156,14 @@ __device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
                  : "r"(addr));
 }
 
+// The transpose of an 8 x 8 matrix of 16-bit values held in mma fragment layout (lane l
+// holds row l / 4, columns 2 (l % 4), +1), in the same layout (sm_75+).
+__device__ __forceinline__ unsigned kv_movmatrix_trans(unsigned x) {
+    unsigned r;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+}
+
 __device__ __forceinline__ void kv_ldsm_x4_trans(unsigned* r, unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -178,13 +197,18 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, co
                                                       int tw0, int lane, int n_tile,
                                                       const int* tp, unsigned short* vt_s,
                                                       int warp) {
-    const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1);
+    // A fragments of V^T by ldmatrix.trans: matrices (tokens 0-7 | 8-15) x (dims 0-7 |
+    // 8-15) transposed are a0 (tokens 0-7, dims 0-7), a1 (tokens 0-7, dims 8-15),
+    // a2 (tokens 8-15, dims 0-7), a3: lane l gives token (l & 7) + 8 (l >> 4), dims
+    // 8 ((l >> 3) & 1), + 32 bytes per m-tile.
+    const int lrow = (lane & 7) + 8 * (lane >> 4);
+    const int lcol = 8 * ((lane >> 3) & 1);
 #if KV_MMA_V_DIRECT
     (void)n_tile;
     (void)tp;
     (void)vt_s;
     (void)warp;
-    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * rsa[1] + 16 * (lane >> 4));
+    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * rsa[1] + 2 * lcol);
 #else
     unsigned short* vt = vt_s + warp * 16 * kvm::VSTR;
     constexpr int C8 = kvm::D / 8;
@@ -205,7 +229,7 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, co
         *reinterpret_cast<uint4*>(vt + t * kvm::VSTR + d8) = v;
     }
     __syncwarp();
-    return kv_smem_addr(vt + lrow * kvm::VSTR + 8 * (lane >> 4));
+    return kv_smem_addr(vt + lrow * kvm::VSTR + lcol);
 #endif
 }
 
@@ -293,13 +317,24 @@ __device__ __forceinline__ void kv_stage1_body(
     constexpr int SO2 = SO1 + TILE * WP1;
     constexpr int SO3 = SO2 + TILE * WP2;
 
-    // Per-thread state: rows g (h = 0) and g + 8 (h = 1) of the warp's tokens.
-    float acc[NT][4];
+    // Per-thread state of rows 8 nr + 2c + j: m, this thread's share of l and of
+    // sum p * zero (KV_MMA_VCODES; both summed over the lanes sharing c at the end), and the
+    // O^T accumulator of m-tile mi (dims 16 mi + g, + 8).
+    float acc[NR][MT][4];
+    float m_r[NR][2];
+    float l_r[NR][2];
+    float z_r[NR][2];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-    float m_r[2] = {kv_neg_inf(), kv_neg_inf()};
-    float l_r[2] = {0.f, 0.f};  // this thread's share (summed over the quad at the end)
-    float z_r[2] = {0.f, 0.f};  // sum p * zero (KV_MMA_VCODES), this thread's share
+    for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) acc[nr][mi][0] = acc[nr][mi][1] = acc[nr][mi][2] = acc[nr][mi][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            m_r[nr][j] = kv_neg_inf();
+            l_r[nr][j] = 0.f;
+            z_r[nr][j] = 0.f;
+        }
+    }
     (void)z_r;
 
     if (n_tiles > 0) {  // uniform over the CTA
@@ -364,7 +399,7 @@ __device__ __forceinline__ void kv_stage1_body(
         }
         float kfac = 1.f;
 #if KV_MMA_TABLE_WORDS > 0
-        kfac = kv_mma_init_table(tab_s, tid);
+        kfac = kv_mma_init_table(tab_s, tid, THREADS);
 #endif
         __syncthreads();
 #pragma unroll 1
@@ -403,24 +438,34 @@ __device__ __forceinline__ void kv_stage1_body(
                 unsigned hi, lo;
                 kv_split_f16x2(x0, x1, &hi, &lo);
                 *reinterpret_cast<unsigned*>(qh_s + r * QSTR + d) = hi;
+#if KV_MMA_QSPLIT
                 *reinterpret_cast<unsigned*>(ql_s + r * QSTR + d) = lo;
+#else
+                (void)lo;  // exact fp16 queries: lo is 0 and has no buffer
+#endif
             }
             if (lane == 0) rs_s[r] = scale * kfac * KV_MMA_KF / (up * up2);
         }
         __syncthreads();
 
-        // Loop-invariant per-thread values.
-        const float rsc[2] = {rs_s[g], rs_s[g + 8]};
+        // Loop-invariant per-thread values: this thread's rows 8 nr + 2c + j (the score C
+        // columns; also its softmax rows and its PV accumulator columns).
+        float rsc[NR][2];
+        int pos[NR][2];
         const int big = 0x3FFFFFFF;
-        const int pos[2] = {g < R ? seq_len - QL + g / G : big,
-                            g + 8 < R ? seq_len - QL + (g + 8) / G : big};
-        // ldmatrix row address of this lane: rows (lane % 8) + 8 ((lane / 8) % 2), k offset
-        // 8 (lane / 16), for a k-step of 16 halves.
-        const int lrow = (lane & 7) + 8 * ((lane >> 3) & 1);
-        const unsigned qh_addr =
-            kv_smem_addr(qh_s + lrow * QSTR + 8 * (lane >> 4));
-        const unsigned ql_addr =
-            kv_smem_addr(ql_s + lrow * QSTR + 8 * (lane >> 4));
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int r = 8 * nr + 2 * c + j;
+                rsc[nr][j] = rs_s[r];
+                pos[nr][j] = r < R ? seq_len - QL + r / G : big;
+            }
+        }
+        // Q as B operands, ldmatrix.x4 over two k-steps: lane l gives row 8 nr + (l & 7),
+        // dims 16 ks + 8 (l >> 3): matrices b0, b1 of ks and b0, b1 of ks + 1.
+        const unsigned qh_addr = kv_smem_addr(qh_s + (lane & 7) * QSTR + 8 * (lane >> 3));
+        const unsigned ql_addr = kv_smem_addr(ql_s + (lane & 7) * QSTR + 8 * (lane >> 3));
         (void)ql_addr;
         const int tw0 = warp * WT;
 
@@ -443,214 +488,216 @@ __device__ __forceinline__ void kv_stage1_body(
                 rw[2] = s + SO2 + t * rs2;
                 rw[3] = s + SO3 + t * rs3;
             };
+            // This thread's score tokens tw0 + g (tt = 0) and tw0 + g + 8 (tt = 1).
+            const unsigned char* kr[2][4];
+            rows_of(tw0 + g, kr[0]);
+            rows_of(tw0 + g + 8, kr[1]);
 
-            // (a) scores of rows 0..15 x the warp's tokens tw0 + 8 nt + g (B columns).
-            float sc[2][4];
+            // (a) S^T = K Q^T: M = the warp's 16 tokens, N = 8 rows per row tile, K = dims.
+            float sc[NR][4];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.f;
-            {
-                const unsigned char* kr[2][4];
-                rows_of(tw0 + g, kr[0]);
-                rows_of(tw0 + 8 + g, kr[1]);
+            for (int nr = 0; nr < NR; ++nr) sc[nr][0] = sc[nr][1] = sc[nr][2] = sc[nr][3] = 0.f;
 #if KV_MMA_K_DIRECT
-                const unsigned k_addr = kv_smem_addr(
-                    s + (tw0 + (lane & 7) + 8 * (lane >> 4)) * rs0 + 16 * ((lane >> 3) & 1));
+            // fp16 keys from the staged rows: matrices (tokens 0-7 | 8-15) x (dims 0-7 | 8-15)
+            // = a0, a1, a2, a3.
+            const unsigned k_addr = kv_smem_addr(
+                s + (tw0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * rs0 + 16 * (lane >> 4));
 #endif
 #pragma unroll
-                for (int ks = 0; ks < KS; ++ks) {
+            for (int ks = 0; ks < KS; ks += 2) {
+                unsigned qh[NR][4];
+                unsigned ql[NR][4];
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+                    kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
+#if KV_MMA_QSPLIT
+                    kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
+#endif
+                }
+#pragma unroll
+                for (int u = 0; u < 2; ++u) {
                     unsigned ah[4];
-                    kv_ldsm_x4(ah, qh_addr + ks * 32);
-#if KV_MMA_QSPLIT
                     unsigned al[4];
-                    kv_ldsm_x4(al, ql_addr + ks * 32);
-#endif
 #if KV_MMA_K_DIRECT
-                    // fp16 keys straight from the staged rows: matrices (tokens nt0 / nt1 x
-                    // dims lo / hi of the k-step) = b0, b1 of both n-tiles.
-                    unsigned kb[4];
-                    kv_ldsm_x4(kb, k_addr + ks * 32);
-#pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        kv_mma_f16(sc[nt], ah, kb[2 * nt], kb[2 * nt + 1]);
-#if KV_MMA_QSPLIT
-                        kv_mma_f16(sc[nt], al, kb[2 * nt], kb[2 * nt + 1]);
-#endif
-                    }
-                    (void)kr;
+                    kv_ldsm_x4(ah, k_addr + (ks + u) * 32);
 #else
+                    kv_mma_k4(kr[0], ks + u, c, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
+                    kv_mma_k4(kr[1], ks + u, c, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
+#endif
 #pragma unroll
-                    for (int nt = 0; nt < 2; ++nt) {
-                        unsigned bh0, bh1, bl0, bl1;
-                        kv_mma_k2(kr[nt], 16 * ks + 2 * c, tab_s, &bh0, &bl0);
-                        kv_mma_k2(kr[nt], 16 * ks + 2 * c + 8, tab_s, &bh1, &bl1);
-                        kv_mma_f16(sc[nt], ah, bh0, bh1);
+                    for (int nr = 0; nr < NR; ++nr) {
+                        kv_mma_f16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #if KV_MMA_QSPLIT
-                        kv_mma_f16(sc[nt], al, bh0, bh1);
+                        kv_mma_f16(sc[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #endif
 #if KV_MMA_KSPLIT
-                        kv_mma_f16(sc[nt], ah, bl0, bl1);
+                        kv_mma_f16(sc[nr], al, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #endif
-                        (void)bl0;
-                        (void)bl1;
                     }
+                    (void)al;
+                }
+                (void)ql;
+            }
+
+            // (b) masks, soft-cap, online softmax over the thread's 2 tokens, then over the 8
+            // lanes that share c (the warp's 16 tokens).
+            bool ok[2];
+            float km[2];
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+                const int t = tw0 + g + 8 * tt;
+                ok[tt] = t < n_tile && tp[t] >= 0;
+#if KV_HAS_KMUL
+                km[tt] = kv_family_kmul(kr[tt]);
+#else
+                km[tt] = 1.f;
 #endif
+            }
+            float p[NR][2][2];  // [nr][j][tt]
+            float alpha[NR][2];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+                    float mx = kv_neg_inf();
+#pragma unroll
+                    for (int tt = 0; tt < 2; ++tt) {
+                        const int tok = t0 + tw0 + g + 8 * tt;
+                        float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];
+                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                        const bool vis = ok[tt] && tok <= pos[nr][j] &&
+                                         (window <= 0 || tok > pos[nr][j] - window);
+                        x = vis ? x : kv_neg_inf();
+                        p[nr][j][tt] = x;
+                        mx = fmaxf(mx, x);
+                    }
+                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
+                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
+                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
+                    const KvOnlineStep stp = kv_online_step(m_r[nr][j], mx);
+                    p[nr][j][0] = kv_online_p(p[nr][j][0], stp);
+                    p[nr][j][1] = kv_online_p(p[nr][j][1], stp);
+                    l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
+                    m_r[nr][j] = stp.m_new;
+                    alpha[nr][j] = stp.alpha;
+                }
+            }
+            bool rescale = false;
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) rescale |= alpha[nr][0] != 1.f || alpha[nr][1] != 1.f;
+            if (__any_sync(KV_FULL_MASK, rescale)) {
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                    for (int mi = 0; mi < MT; ++mi) {
+                        acc[nr][mi][0] *= alpha[nr][0];
+                        acc[nr][mi][1] *= alpha[nr][1];
+                        acc[nr][mi][2] *= alpha[nr][0];
+                        acc[nr][mi][3] *= alpha[nr][1];
+                    }
                 }
             }
 
-            // (b) this thread's tokens tw0 + 8 nt + 2c + j (the C columns, and later the
-            // k slots of P): validity, per-token factors, masks, online softmax.
-            const unsigned char* vr[2][2][4];
-            bool ok[2][2];
-            float p[2][2][2];  // [nt][j][h]
+            // (c) O^T += V^T P^T: M = 16 dims per m-tile, N = 8 rows, K = the warp's 16
+            // tokens. P^T's B fragments are the transposes (movmatrix) of the thread's
+            // (token g | g + 8) x (rows 2c, 2c + 1) pairs.
+#if KV_MMA_VCODES
+            constexpr int NPART = 3;
+            float vs[2];
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
+            for (int tt = 0; tt < 2; ++tt) {
+                float sc_t = 0.f, z_t = 0.f;
+                if (ok[tt]) kv_mma_vtok(kr[tt], &sc_t, &z_t);
+                vs[tt] = sc_t;
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int t = tw0 + 8 * nt + 2 * c + j;
-                    ok[nt][j] = t < n_tile && tp[t] >= 0;
-                    rows_of(t, vr[nt][j]);
-                }
-            }
-            float mx[2] = {kv_neg_inf(), kv_neg_inf()};
-#pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    const int tok = t0 + tw0 + 8 * nt + 2 * c + j;
-#if KV_HAS_KMUL
-                    const float km = kv_family_kmul(vr[nt][j]);
-#else
-                    const float km = 1.f;
-#endif
-#pragma unroll
-                    for (int h = 0; h < 2; ++h) {
-                        float x = sc[nt][2 * h + j] * km * rsc[h];
-                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
-                        const bool vis = ok[nt][j] && tok <= pos[h] &&
-                                         (window <= 0 || tok > pos[h] - window);
-                        x = vis ? x : kv_neg_inf();
-                        p[nt][j][h] = x;
-                        mx[h] = fmaxf(mx[h], x);
-                    }
-                }
-            }
-            float alpha[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(KV_FULL_MASK, mx[h], 1));
-                mx[h] = fmaxf(mx[h], __shfl_xor_sync(KV_FULL_MASK, mx[h], 2));
-                const KvOnlineStep stp = kv_online_step(m_r[h], mx[h]);
-                float ps = 0.f;
-#pragma unroll
-                for (int nt = 0; nt < 2; ++nt) {
+                for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
                     for (int j = 0; j < 2; ++j) {
-                        const float pv = kv_online_p(p[nt][j][h], stp);
-                        p[nt][j][h] = pv;
-                        ps += pv;
+                        if (tt == 0) z_r[nr][j] *= alpha[nr][j];
+                        z_r[nr][j] = fmaf(p[nr][j][tt], z_t, z_r[nr][j]);
                     }
                 }
-                l_r[h] = l_r[h] * stp.alpha + ps;
-                m_r[h] = stp.m_new;
-                alpha[h] = stp.alpha;
             }
-            if (__any_sync(KV_FULL_MASK, alpha[0] != 1.f || alpha[1] != 1.f)) {
+            unsigned bp[NR][NPART][2];
 #pragma unroll
-                for (int jn = 0; jn < NT; ++jn) {
-                    acc[jn][0] *= alpha[0];
-                    acc[jn][1] *= alpha[0];
-                    acc[jn][2] *= alpha[1];
-                    acc[jn][3] *= alpha[1];
-                }
-            }
-
-            // (c) O += P V over the warp's 16 tokens.
-#if KV_MMA_VCODES
-            float vs[2][2];
-            z_r[0] *= alpha[0];
-            z_r[1] *= alpha[1];
+            for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
-            for (int nt = 0; nt < 2; ++nt) {
+                for (int tt = 0; tt < 2; ++tt) {
+                    unsigned t3[3];
+                    kv_split3_bf16x2(p[nr][0][tt] * vs[tt], p[nr][1][tt] * vs[tt], t3);
 #pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    float sc_t = 0.f, z_t = 0.f;
-                    if (ok[nt][j]) kv_mma_vtok(vr[nt][j], &sc_t, &z_t);
-                    vs[nt][j] = sc_t;
-                    z_r[0] = fmaf(p[nt][j][0], z_t, z_r[0]);
-                    z_r[1] = fmaf(p[nt][j][1], z_t, z_r[1]);
-                }
-            }
-            // A fragments of W = P * scale_t, three bf16 parts.
-            unsigned aw[3][4];
-            {
-                unsigned t3[3];
-                kv_split3_bf16x2(p[0][0][0] * vs[0][0], p[0][1][0] * vs[0][1], t3);
-                aw[0][0] = t3[0]; aw[1][0] = t3[1]; aw[2][0] = t3[2];
-                kv_split3_bf16x2(p[0][0][1] * vs[0][0], p[0][1][1] * vs[0][1], t3);
-                aw[0][1] = t3[0]; aw[1][1] = t3[1]; aw[2][1] = t3[2];
-                kv_split3_bf16x2(p[1][0][0] * vs[1][0], p[1][1][0] * vs[1][1], t3);
-                aw[0][2] = t3[0]; aw[1][2] = t3[1]; aw[2][2] = t3[2];
-                kv_split3_bf16x2(p[1][0][1] * vs[1][0], p[1][1][1] * vs[1][1], t3);
-                aw[0][3] = t3[0]; aw[1][3] = t3[1]; aw[2][3] = t3[2];
-            }
-            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
-#pragma unroll
-            for (int jn = 0; jn < NT; jn += 2) {
-                unsigned bv[4];
-                kv_ldsm_x4_trans(bv, vaddr + jn * 16);
-#pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
-                    kv_mma_bf16(t4, aw[0], bv[2 * u], bv[2 * u + 1]);
-                    kv_mma_bf16(t4, aw[1], bv[2 * u], bv[2 * u + 1]);
-                    kv_mma_bf16(t4, aw[2], bv[2 * u], bv[2 * u + 1]);
-                    kv_acc_add4(acc[jn + u], t4);
+                    for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
                 }
             }
 #else
-            unsigned ah[4], al[4];
-            kv_split_f16x2(p[0][0][0] * P_SCALE, p[0][1][0] * P_SCALE, &ah[0], &al[0]);
-            kv_split_f16x2(p[0][0][1] * P_SCALE, p[0][1][1] * P_SCALE, &ah[1], &al[1]);
-            kv_split_f16x2(p[1][0][0] * P_SCALE, p[1][1][0] * P_SCALE, &ah[2], &al[2]);
-            kv_split_f16x2(p[1][0][1] * P_SCALE, p[1][1][1] * P_SCALE, &ah[3], &al[3]);
-            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
-#if KV_MMA_V_DIRECT
-            // Staged rows of invalid tokens may hold any bits (NaN included): zero them.
-            const unsigned vm0 = (ok[0][0] ? 0xFFFFu : 0u) | (ok[0][1] ? 0xFFFF0000u : 0u);
-            const unsigned vm1 = (ok[1][0] ? 0xFFFFu : 0u) | (ok[1][1] ? 0xFFFF0000u : 0u);
-#endif
+            constexpr int NPART = 2;
+            unsigned bp[NR][NPART][2];
 #pragma unroll
-            for (int jn = 0; jn < NT; jn += 2) {
-                unsigned bv[4];
-                kv_ldsm_x4_trans(bv, vaddr + jn * 16);
-#if KV_MMA_V_DIRECT
-                bv[0] &= vm0;
-                bv[1] &= vm1;
-                bv[2] &= vm0;
-                bv[3] &= vm1;
-#endif
+            for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
-                for (int u = 0; u < 2; ++u) {
-                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
-                    kv_mma_f16(t4, ah, bv[2 * u], bv[2 * u + 1]);
-                    kv_mma_f16(t4, al, bv[2 * u], bv[2 * u + 1]);
-                    kv_acc_add4(acc[jn + u], t4);
+                for (int tt = 0; tt < 2; ++tt) {
+                    unsigned hi, lo;
+                    kv_split_f16x2(p[nr][0][tt] * P_SCALE, p[nr][1][tt] * P_SCALE, &hi, &lo);
+                    bp[nr][0][tt] = kv_movmatrix_trans(hi);
+                    bp[nr][1][tt] = kv_movmatrix_trans(lo);
                 }
             }
 #endif
+            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
+#if KV_MMA_V_DIRECT
+            // Staged rows of invalid tokens may hold any bits (NaN included): zero the
+            // thread's A elements of tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
+            unsigned vm[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int ta = tw0 + 2 * c + 8 * h;
+                const bool oa = ta < n_tile && tp[ta] >= 0;
+                const bool ob = ta + 1 < n_tile && tp[ta + 1] >= 0;
+                vm[h] = (oa ? 0xFFFFu : 0u) | (ob ? 0xFFFF0000u : 0u);
+            }
+#endif
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                unsigned av[4];
+                kv_ldsm_x4_trans(av, vaddr + mi * 32);
+#if KV_MMA_V_DIRECT
+                av[0] &= vm[0];
+                av[1] &= vm[0];
+                av[2] &= vm[1];
+                av[3] &= vm[1];
+#endif
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_VCODES
+                        kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#else
+                        kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#endif
+                    }
+                    kv_acc_add4(acc[nr][mi], t4);
+                }
+            }
         }
         kv_cp_async_wait<0>();
     }
 
     // --- the four warp states meet in shared memory --------------------------------------
+    // Row sums over the 8 lanes that share c (the warp's 16 tokens).
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        l_r[h] += __shfl_xor_sync(KV_FULL_MASK, l_r[h], 1);
-        l_r[h] += __shfl_xor_sync(KV_FULL_MASK, l_r[h], 2);
+    for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+#pragma unroll
+            for (int off = 4; off < KV_WARP; off <<= 1) {
+                l_r[nr][j] += __shfl_xor_sync(KV_FULL_MASK, l_r[nr][j], off);
 #if KV_MMA_VCODES
-        z_r[h] += __shfl_xor_sync(KV_FULL_MASK, z_r[h], 1);
-        z_r[h] += __shfl_xor_sync(KV_FULL_MASK, z_r[h], 2);
+                z_r[nr][j] += __shfl_xor_sync(KV_FULL_MASK, z_r[nr][j], off);
 #endif
+            }
+        }
     }
     __syncthreads();  // every warp is done with the staging (reused below)
     float* red = reinterpret_cast<float*>(stg);
@@ -660,25 +707,26 @@ __device__ __forceinline__ void kv_stage1_body(
     constexpr float AF = KV_MMA_VF / P_SCALE;
 #endif
 #pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int r = g + 8 * h;
-        if (r < R) {
-            if (c == 0) {
-                ml_s[(warp * 16 + r) * 2] = m_r[h];
-                ml_s[(warp * 16 + r) * 2 + 1] = l_r[h];
-            }
-#if KV_MMA_VCODES
-            const float zz = z_r[h];
-#else
-            const float zz = 0.f;
-#endif
-            float* dst = red + (warp * R + r) * D + 2 * c;
+    for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
-            for (int jn = 0; jn < NT; ++jn) {
-                float2 v;
-                v.x = acc[jn][2 * h] * AF + zz;
-                v.y = acc[jn][2 * h + 1] * AF + zz;
-                *reinterpret_cast<float2*>(dst + 8 * jn) = v;
+        for (int j = 0; j < 2; ++j) {
+            const int r = 8 * nr + 2 * c + j;
+            if (r < R) {
+                if (g == 0) {
+                    ml_s[(warp * 16 + r) * 2] = m_r[nr][j];
+                    ml_s[(warp * 16 + r) * 2 + 1] = l_r[nr][j];
+                }
+#if KV_MMA_VCODES
+                const float zz = z_r[nr][j];
+#else
+                const float zz = 0.f;
+#endif
+                float* dst = red + (warp * R + r) * D + g;
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi) {
+                    dst[16 * mi] = acc[nr][mi][j] * AF + zz;
+                    dst[16 * mi + 8] = acc[nr][mi][2 + j] * AF + zz;
+                }
             }
         }
     }
