@@ -95,8 +95,8 @@ def scores_registers(q, k, d):
         for t in LANES:
             g, c = gc(t)
             d0 = 16 * ks + 2 * c
-            a.append([tuple(k[g, d0 : d0 + 2]), tuple(k[g + 8, d0 : d0 + 2]),
-                      tuple(k[g, d0 + 8 : d0 + 10]), tuple(k[g + 8, d0 + 8 : d0 + 10])])  # fmt: skip
+            lo, hi = slice(d0, d0 + 2), slice(d0 + 8, d0 + 10)
+            a.append([tuple(k[g, lo]), tuple(k[g + 8, lo]), tuple(k[g, hi]), tuple(k[g + 8, hi])])
         base = ks - ks % 2
 
         def q_row(lane, base=base):
