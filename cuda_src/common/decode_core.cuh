@@ -375,6 +375,173 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
     return -1;
 }
 
+// The tile pipeline of one stage-1 CTA, shared by both bodies: the split's token range
+// [t_lo, t_hi) (kvkit.splits.page_range, the window start rounded down to its page), the
+// planes' copy modes and staging row strides, the page ring (tp_ring: NP slots of TILE page
+// numbers, -1 for no page) and the cp.async stages. Tile j covers tokens t_lo + j * TILE ..
+// Block-table entries of tile j + STAGES + 1 are read into a register (pf_e) one tile before
+// they are checked and stored, so no thread waits on them.
+struct KvTilePipe {
+    const unsigned char* p[4];
+    long long sb[4];
+    long long sh[4];
+    long long st[4];
+    int vec[4];
+    int md[4];  // copy mode per plane (KVD_MODE_*)
+    int rs[4];  // staging row stride per plane, bytes
+    const int* block_tables;
+    long long bt_row;
+    int num_blocks;
+    int block_size;
+    int kvh;
+    int* error_flag;
+    int* tp_ring;
+    unsigned char* stg;
+    int t_lo;
+    int t_hi;
+    int n_tiles;
+    int pf_e;
+    bool pf_live;
+
+    // Page of token t (t < TILE) of tile j from the block table: only tokens < t_hi are
+    // looked up (live); the entry is checked by store().
+    __device__ __forceinline__ int entry(int j, int t, bool* live) const {
+        const int tok = t_lo + j * kvd::TILE + t;
+        *live = j < n_tiles && tok < t_hi;
+        return *live ? block_tables[bt_row + tok / block_size] : 0;
+    }
+    // Slot of tile j in the ring, entry of this thread's token (threadIdx.x < TILE): -1 past
+    // the tile or for a bad entry (flag bit 2).
+    __device__ __forceinline__ void store(int j, int e, bool live) {
+        bool bad = false;
+        const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
+        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = page;
+        if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+    }
+    // Pages of tiles 0 .. STAGES - 1 and the prefetched entry of tile STAGES.
+    __device__ __forceinline__ void prologue_pages() {
+        if (threadIdx.x < kvd::TILE) {
+#pragma unroll 1
+            for (int j = 0; j < kvd::STAGES; ++j) {
+                bool live;
+                const int e = entry(j, threadIdx.x, &live);
+                store(j, e, live);
+            }
+            pf_e = entry(kvd::STAGES, threadIdx.x, &pf_live);
+        }
+    }
+    // At tile i (after its barrier): the pages of tile i + STAGES into the slot of tile
+    // i - 1, and the entry of tile i + STAGES + 1 into the register.
+    __device__ __forceinline__ void advance_pages(int i) {
+        if (threadIdx.x < kvd::TILE) {
+            store(i + kvd::STAGES, pf_e, pf_live);
+            pf_e = entry(i + kvd::STAGES + 1, threadIdx.x, &pf_live);
+        }
+    }
+    __device__ __forceinline__ const int* pages(int j) const {
+        return tp_ring + (j % kvd::NP) * kvd::TILE;
+    }
+    __device__ __forceinline__ unsigned char* stage(int j) const {
+        return stg + (j % kvd::STAGES) * kvd::STAGE_BYTES;
+    }
+    __device__ __forceinline__ int first_token(int j) const { return t_lo + j * kvd::TILE; }
+    __device__ __forceinline__ int tile_tokens(int j) const {
+        return min(kvd::TILE, t_hi - first_token(j));
+    }
+    // Staged rows of tile-local token t, one per plane.
+    __device__ __forceinline__ void rows(const unsigned char* s, int t,
+                                         const unsigned char** rw) const {
+        rw[0] = s + t * rs[0];
+        rw[1] = s + kvd::TILE * kvd::WP0 + t * rs[1];
+        rw[2] = s + kvd::TILE * (kvd::WP0 + kvd::WP1) + t * rs[2];
+        rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
+    }
+    // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
+    __device__ __forceinline__ void issue(int j) {
+        if (j < n_tiles) {
+            const int t0 = first_token(j);
+            const int n = tile_tokens(j);
+            const int* tp = pages(j);
+            unsigned char* s = stage(j);
+            constexpr int SO1 = kvd::TILE * kvd::WP0;
+            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
+            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
+            kv_issue_plane<KV_P0_BYTES, kvd::WP0>(s, p[0], sb[0], sh[0], st[0], KV_P0_ELEM, vec[0],
+                                                  md[0], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P1_BYTES, kvd::WP1>(s + SO1, p[1], sb[1], sh[1], st[1], KV_P1_ELEM,
+                                                  vec[1], md[1], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P2_BYTES, kvd::WP2>(s + SO2, p[2], sb[2], sh[2], st[2], KV_P2_ELEM,
+                                                  vec[2], md[2], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P3_BYTES, kvd::WP3>(s + SO3, p[3], sb[3], sh[3], st[3], KV_P3_ELEM,
+                                                  vec[3], md[3], kvh, tp, t0, n, block_size);
+        }
+        kv_cp_async_commit();
+    }
+};
+
+// The pipeline of CTA (split, kvh, b) = blockIdx; sets flag bit 4 for a bad seq_len (split 0,
+// thread 0) and returns seq_len (the masks need it).
+__device__ __forceinline__ KvTilePipe kv_make_pipe(
+    const unsigned char* p0, long long p0_sb, long long p0_sh, long long p0_st, int p0_vec,
+    const unsigned char* p1, long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,
+    const unsigned char* p2, long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,
+    const unsigned char* p3, long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,
+    const int* block_tables, int max_blocks, const int* seq_lens, int num_blocks,
+    int block_size, int window, int* error_flag, int* tp_ring, unsigned char* stg,
+    int* seq_len_out) {
+    KvTilePipe pp;
+    const int split = blockIdx.x;
+    const int b = blockIdx.z;
+    pp.p[0] = p0; pp.sb[0] = p0_sb; pp.sh[0] = p0_sh; pp.st[0] = p0_st; pp.vec[0] = p0_vec;
+    pp.p[1] = p1; pp.sb[1] = p1_sb; pp.sh[1] = p1_sh; pp.st[1] = p1_st; pp.vec[1] = p1_vec;
+    pp.p[2] = p2; pp.sb[2] = p2_sb; pp.sh[2] = p2_sh; pp.st[2] = p2_st; pp.vec[2] = p2_vec;
+    pp.p[3] = p3; pp.sb[3] = p3_sb; pp.sh[3] = p3_sh; pp.st[3] = p3_st; pp.vec[3] = p3_vec;
+    pp.md[0] = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
+    pp.md[1] = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
+    pp.md[2] = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
+    pp.md[3] = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
+    pp.rs[0] = pp.md[0] == KVD_MODE_SLAB ? KV_P0_BYTES : kvd::WP0;
+    pp.rs[1] = pp.md[1] == KVD_MODE_SLAB ? KV_P1_BYTES : kvd::WP1;
+    pp.rs[2] = pp.md[2] == KVD_MODE_SLAB ? KV_P2_BYTES : kvd::WP2;
+    pp.rs[3] = pp.md[3] == KVD_MODE_SLAB ? KV_P3_BYTES : kvd::WP3;
+    pp.block_tables = block_tables;
+    pp.bt_row = (long long)b * max_blocks;
+    pp.num_blocks = num_blocks;
+    pp.block_size = block_size;
+    pp.kvh = blockIdx.y;
+    pp.error_flag = error_flag;
+    pp.tp_ring = tp_ring;
+    pp.stg = stg;
+    pp.pf_e = 0;
+    pp.pf_live = false;
+
+    const int seq_len = seq_lens[b];
+    *seq_len_out = seq_len;
+    const bool len_ok = kv_seq_len_ok(seq_len, kvd::QL, max_blocks, block_size);
+    if (!len_ok && split == 0 && threadIdx.x == 0) atomicOr(error_flag, KV_ERR_SEQ_LEN);
+    pp.t_lo = 0;
+    pp.t_hi = 0;
+    if (len_ok) {
+        int first, end;
+        kv_page_range(seq_len, block_size, gridDim.x, split, &first, &end);
+        if (first < end) {
+            // first < n_pages, so first * block_size < seq_len fits in int.
+            pp.t_lo = first * block_size;
+            const long long hi = (long long)end * block_size;
+            pp.t_hi = hi < seq_len ? (int)hi : seq_len;
+            if (window > 0) {
+                // No query sees a token before (seq_len - q_len) - window + 1. Start at that
+                // token's page, so tiles stay page-aligned (the masks drop the rest).
+                const long long w_lo = (long long)seq_len - kvd::QL - window + 1;
+                if (w_lo > pp.t_lo) pp.t_lo = (int)(w_lo - w_lo % block_size);
+                if (pp.t_lo > pp.t_hi) pp.t_lo = pp.t_hi;
+            }
+        }
+    }
+    pp.n_tiles = (pp.t_hi - pp.t_lo + kvd::TILE - 1) / kvd::TILE;
+    return pp;
+}
+
 #if KVD_USE_MMA
 #include "common/decode_mma.cuh"
 #else
@@ -408,7 +575,6 @@ __device__ __forceinline__ void kv_stage1_body(
     (void)tab_s;
 
     const int split = blockIdx.x;
-    const int num_splits = gridDim.x;
     const int kvh = blockIdx.y;
     const int b = blockIdx.z;
     const int num_heads = gridDim.y * G;
@@ -416,43 +582,13 @@ __device__ __forceinline__ void kv_stage1_body(
     const int lane = tid & (KV_WARP - 1);
     const int warp = tid / KV_WARP;
 
-    // --- the split's token range [t_lo, t_hi) --------------------------------------------
-    const int seq_len = seq_lens[b];
-    const bool len_ok = kv_seq_len_ok(seq_len, QL, max_blocks, block_size);
-    if (!len_ok && split == 0 && tid == 0) atomicOr(error_flag, KV_ERR_SEQ_LEN);
-    int t_lo = 0;
-    int t_hi = 0;
-    if (len_ok) {
-        int first, end;
-        kv_page_range(seq_len, block_size, num_splits, split, &first, &end);
-        if (first < end) {
-            // first < n_pages, so first * block_size < seq_len fits in int.
-            t_lo = first * block_size;
-            const long long hi = (long long)end * block_size;
-            t_hi = hi < seq_len ? (int)hi : seq_len;
-            if (window > 0) {
-                // No query sees a token before (seq_len - q_len) - window + 1. Start at that
-                // token's page, so tiles stay page-aligned (the masks drop the rest).
-                const long long w_lo = (long long)seq_len - QL - window + 1;
-                if (w_lo > t_lo) t_lo = (int)(w_lo - w_lo % block_size);
-                if (t_lo > t_hi) t_lo = t_hi;
-            }
-        }
-    }
-    const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
-
-    // Copy modes and staging row strides of the planes (uniform).
-    const int md0 = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
-    const int md1 = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
-    const int md2 = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
-    const int md3 = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
-    const int rs0 = md0 == KVD_MODE_SLAB ? KV_P0_BYTES : WP0;
-    const int rs1 = md1 == KVD_MODE_SLAB ? KV_P1_BYTES : WP1;
-    const int rs2 = md2 == KVD_MODE_SLAB ? KV_P2_BYTES : WP2;
-    const int rs3 = md3 == KVD_MODE_SLAB ? KV_P3_BYTES : WP3;
-    constexpr int SO1 = TILE * WP0;
-    constexpr int SO2 = SO1 + TILE * WP1;
-    constexpr int SO3 = SO2 + TILE * WP2;
+    int seq_len;
+    KvTilePipe pipe = kv_make_pipe(p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st,
+                                   p1_vec, p2, p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh,
+                                   p3_st, p3_vec, block_tables, max_blocks, seq_lens,
+                                   num_blocks, block_size, window, error_flag, tp_ring, stg,
+                                   &seq_len);
+    const int n_tiles = pipe.n_tiles;
 
     float4 acc[RPT];
 #pragma unroll
@@ -472,50 +608,8 @@ __device__ __forceinline__ void kv_stage1_body(
     const bool pv_on = pv_slot < RG * TGN;
 
     if (n_tiles > 0) {  // uniform over the CTA
-        const long long bt_row = (long long)b * max_blocks;
-        // Page of token t (t < TILE) of tile j, read from the block table: -1 past the tile
-        // or for a bad entry (flag bit 2). Only pages of tokens < t_hi are ever looked up.
-        auto tile_entry = [&](int j, int t, bool* live) -> int {
-            const int tok = t_lo + j * TILE + t;
-            *live = j < n_tiles && tok < t_hi;
-            return *live ? block_tables[bt_row + tok / block_size] : 0;
-        };
-        auto store_page = [&](int j, int e, bool live) {
-            bool bad = false;
-            const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
-            tp_ring[(j % NP) * TILE + tid] = page;
-            if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
-        };
-        auto issue = [&](int j) {
-            if (j < n_tiles) {
-                const int t0 = t_lo + j * TILE;
-                const int n_tile = min(TILE, t_hi - t0);
-                const int* tp = tp_ring + (j % NP) * TILE;
-                unsigned char* s = stg + (j % STAGES) * STAGE_BYTES;
-                kv_issue_plane<KV_P0_BYTES, WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
-                                                 md0, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P1_BYTES, WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
-                                                 p1_vec, md1, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P2_BYTES, WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
-                                                 p2_vec, md2, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P3_BYTES, WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
-                                                 p3_vec, md3, kvh, tp, t0, n_tile, block_size);
-            }
-            kv_cp_async_commit();  // one group per tile slot, empty or not: uniform counting
-        };
-
         // --- prologue: pages of tiles 0 .. STAGES - 1, copies of tiles 0 .. STAGES - 2 ----
-        int pf_e = 0;
-        bool pf_live = false;
-        if (tid < TILE) {
-#pragma unroll 1
-            for (int j = 0; j < STAGES; ++j) {
-                bool live;
-                const int e = tile_entry(j, tid, &live);
-                store_page(j, e, live);
-            }
-            pf_e = tile_entry(STAGES, tid, &pf_live);
-        }
+        pipe.prologue_pages();
         // --- queries (and the TurboQuant rotation) --------------------------------------
         for (int idx = tid; idx < R * D; idx += THREADS) {
             const int r = idx / D;
@@ -535,7 +629,7 @@ __device__ __forceinline__ void kv_stage1_body(
 #endif
         __syncthreads();
 #pragma unroll 1
-        for (int j = 0; j < STAGES - 1; ++j) issue(j);
+        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j);
 #if KV_ROTATE_Q
         // Unnormalized FWHT of every query row (stages h = 1, 2, ..., D/2), in place; the
         // first tiles' copies are already in flight.
@@ -564,21 +658,18 @@ __device__ __forceinline__ void kv_stage1_body(
             // also ends every read of iteration i - 1 (its stage, page slot, p_s, a_s).
             kv_cp_async_wait<STAGES - 2>();
             __syncthreads();
-            issue(i + STAGES - 1);
-            if (tid < TILE) {
-                store_page(i + STAGES, pf_e, pf_live);  // the slot of tile i - 1
-                pf_e = tile_entry(i + STAGES + 1, tid, &pf_live);
-            }
+            pipe.issue(i + STAGES - 1);
+            pipe.advance_pages(i);  // the slot of tile i - 1
 
-            const int t0 = t_lo + i * TILE;
-            const int n_tile = min(TILE, t_hi - t0);
-            const int* tp = tp_ring + (i % NP) * TILE;
-            const unsigned char* s = stg + (i % STAGES) * STAGE_BYTES;
+            const int t0 = pipe.first_token(i);
+            const int n_tile = pipe.tile_tokens(i);
+            const int* tp = pipe.pages(i);
+            const unsigned char* s = pipe.stage(i);
 
             // (a) scores: dot(q_r, k_t) (times the family's per-token factor) -> p_s
             {
-                const unsigned char* rows[4] = {s + sc_t * rs0, s + SO1 + sc_t * rs1,
-                                                s + SO2 + sc_t * rs2, s + SO3 + sc_t * rs3};
+                const unsigned char* rows[4];
+                pipe.rows(s, sc_t, rows);
 #if KV_HAS_KMUL
                 const float kmul = kv_family_kmul(rows);
 #endif
@@ -681,8 +772,8 @@ __device__ __forceinline__ void kv_stage1_body(
 #pragma unroll 2
                 for (int t = pv_tg; t < n_tile; t += TGN) {
                     if (tp[t] < 0) continue;
-                    const unsigned char* rows[4] = {s + t * rs0, s + SO1 + t * rs1,
-                                                    s + SO2 + t * rs2, s + SO3 + t * rs3};
+                    const unsigned char* rows[4];
+                    pipe.rows(s, t, rows);
                     const float4 vv = kv_family_v4(rows, 4 * pv_c, tab_s);
 #pragma unroll
                     for (int j = 0; j < RPT; ++j) {

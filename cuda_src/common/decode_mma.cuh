@@ -193,10 +193,10 @@ __device__ __forceinline__ void kv_split3_bf16x2(float x0, float x1, unsigned* p
 // n-tiles (+16 bytes per n-tile after that): rows (lane % 8) + 8 ((lane / 8) % 2), dims
 // 8 (lane / 16). Direct families use the staged V rows (plane 1, row stride rs1); the others
 // dequantize their 16 tokens here (kv_mma_v8: 8 values per 16-byte store; invalid tokens 0).
-__device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, const int* rsa,
-                                                      int tw0, int lane, int n_tile,
-                                                      const int* tp, unsigned short* vt_s,
-                                                      int warp) {
+__device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
+                                                      const unsigned char* s, int tw0, int lane,
+                                                      int n_tile, const int* tp,
+                                                      unsigned short* vt_s, int warp) {
     // A fragments of V^T by ldmatrix.trans: matrices (tokens 0-7 | 8-15) x (dims 0-7 |
     // 8-15) transposed are a0 (tokens 0-7, dims 0-7), a1 (tokens 0-7, dims 8-15),
     // a2 (tokens 8-15, dims 0-7), a3: lane l gives token (l & 7) + 8 (l >> 4), dims
@@ -208,7 +208,7 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, co
     (void)tp;
     (void)vt_s;
     (void)warp;
-    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * rsa[1] + 2 * lcol);
+    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * pipe.rs[1] + 2 * lcol);
 #else
     unsigned short* vt = vt_s + warp * 16 * kvm::VSTR;
     constexpr int C8 = kvm::D / 8;
@@ -219,11 +219,8 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const unsigned char* s, co
         const int tl = tw0 + t;
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
         if (tl < n_tile && tp[tl] >= 0) {
-            constexpr int SO1 = kvd::TILE * kvd::WP0;
-            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
-            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            const unsigned char* rows[4] = {s + tl * rsa[0], s + SO1 + tl * rsa[1],
-                                            s + SO2 + tl * rsa[2], s + SO3 + tl * rsa[3]};
+            const unsigned char* rows[4];
+            pipe.rows(s, tl, rows);
             v = kv_mma_v8(rows, d8);
         }
         *reinterpret_cast<uint4*>(vt + t * kvm::VSTR + d8) = v;
@@ -272,7 +269,6 @@ __device__ __forceinline__ void kv_stage1_body(
     (void)tab_s;
 
     const int split = blockIdx.x;
-    const int num_splits = gridDim.x;
     const int kvh = blockIdx.y;
     const int b = blockIdx.z;
     const int num_heads = gridDim.y * G;
@@ -282,40 +278,13 @@ __device__ __forceinline__ void kv_stage1_body(
     const int g = lane >> 2;
     const int c = lane & 3;
 
-    // --- the split's token range [t_lo, t_hi) (as the SIMT core) --------------------------
-    const int seq_len = seq_lens[b];
-    const bool len_ok = kv_seq_len_ok(seq_len, QL, max_blocks, block_size);
-    if (!len_ok && split == 0 && tid == 0) atomicOr(error_flag, KV_ERR_SEQ_LEN);
-    int t_lo = 0;
-    int t_hi = 0;
-    if (len_ok) {
-        int first, end;
-        kv_page_range(seq_len, block_size, num_splits, split, &first, &end);
-        if (first < end) {
-            t_lo = first * block_size;
-            const long long hi = (long long)end * block_size;
-            t_hi = hi < seq_len ? (int)hi : seq_len;
-            if (window > 0) {
-                const long long w_lo = (long long)seq_len - QL - window + 1;
-                if (w_lo > t_lo) t_lo = (int)(w_lo - w_lo % block_size);
-                if (t_lo > t_hi) t_lo = t_hi;
-            }
-        }
-    }
-    const int n_tiles = (t_hi - t_lo + TILE - 1) / TILE;
-
-    const int md0 = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
-    const int md1 = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
-    const int md2 = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
-    const int md3 = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
-    const int rs0 = md0 == KVD_MODE_SLAB ? KV_P0_BYTES : WP0;
-    const int rs1 = md1 == KVD_MODE_SLAB ? KV_P1_BYTES : WP1;
-    const int rs2 = md2 == KVD_MODE_SLAB ? KV_P2_BYTES : WP2;
-    const int rs3 = md3 == KVD_MODE_SLAB ? KV_P3_BYTES : WP3;
-    const int rsa[4] = {rs0, rs1, rs2, rs3};
-    constexpr int SO1 = TILE * WP0;
-    constexpr int SO2 = SO1 + TILE * WP1;
-    constexpr int SO3 = SO2 + TILE * WP2;
+    int seq_len;
+    KvTilePipe pipe = kv_make_pipe(p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st,
+                                   p1_vec, p2, p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh,
+                                   p3_st, p3_vec, block_tables, max_blocks, seq_lens,
+                                   num_blocks, block_size, window, error_flag, tp_ring, stg,
+                                   &seq_len);
+    const int n_tiles = pipe.n_tiles;
 
     // Per-thread state of rows 8 nr + 2c + j: m, this thread's share of l and of
     // sum p * zero (KV_MMA_VCODES; both summed over the lanes sharing c at the end), and the
@@ -338,48 +307,7 @@ __device__ __forceinline__ void kv_stage1_body(
     (void)z_r;
 
     if (n_tiles > 0) {  // uniform over the CTA
-        const long long bt_row = (long long)b * max_blocks;
-        auto tile_entry = [&](int j, int t, bool* live) -> int {
-            const int tok = t_lo + j * TILE + t;
-            *live = j < n_tiles && tok < t_hi;
-            return *live ? block_tables[bt_row + tok / block_size] : 0;
-        };
-        auto store_page = [&](int j, int e, bool live) {
-            bool bad = false;
-            const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
-            tp_ring[(j % NP) * TILE + tid] = page;
-            if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
-        };
-        auto issue = [&](int j) {
-            if (j < n_tiles) {
-                const int t0 = t_lo + j * TILE;
-                const int n_tile = min(TILE, t_hi - t0);
-                const int* tp = tp_ring + (j % NP) * TILE;
-                unsigned char* s = stg + (j % STAGES) * STAGE_BYTES;
-                kv_issue_plane<KV_P0_BYTES, WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
-                                                 md0, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P1_BYTES, WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
-                                                 p1_vec, md1, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P2_BYTES, WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
-                                                 p2_vec, md2, kvh, tp, t0, n_tile, block_size);
-                kv_issue_plane<KV_P3_BYTES, WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
-                                                 p3_vec, md3, kvh, tp, t0, n_tile, block_size);
-            }
-            kv_cp_async_commit();
-        };
-
-        // --- prologue: pages of tiles 0 .. STAGES - 1 --------------------------------------
-        int pf_e = 0;
-        bool pf_live = false;
-        if (tid < TILE) {
-#pragma unroll 1
-            for (int j = 0; j < STAGES; ++j) {
-                bool live;
-                const int e = tile_entry(j, tid, &live);
-                store_page(j, e, live);
-            }
-            pf_e = tile_entry(STAGES, tid, &pf_live);
-        }
+        pipe.prologue_pages();
         // --- query rows (zero padding rows R..15), family table ----------------------------
         for (int idx = tid; idx < 16 * D; idx += THREADS) {
             const int r = idx / D;
@@ -403,7 +331,7 @@ __device__ __forceinline__ void kv_stage1_body(
 #endif
         __syncthreads();
 #pragma unroll 1
-        for (int j = 0; j < STAGES - 1; ++j) issue(j);
+        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j);
 #if KV_ROTATE_Q
         for (int h = 1; h < D; h <<= 1) {
             for (int p = tid; p < R * (D / 2); p += THREADS) {
@@ -473,21 +401,13 @@ __device__ __forceinline__ void kv_stage1_body(
         for (int i = 0; i < n_tiles; ++i) {
             kv_cp_async_wait<STAGES - 2>();
             __syncthreads();
-            issue(i + STAGES - 1);
-            if (tid < TILE) {
-                store_page(i + STAGES, pf_e, pf_live);
-                pf_e = tile_entry(i + STAGES + 1, tid, &pf_live);
-            }
-            const int t0 = t_lo + i * TILE;
-            const int n_tile = min(TILE, t_hi - t0);
-            const int* tp = tp_ring + (i % NP) * TILE;
-            const unsigned char* s = stg + (i % STAGES) * STAGE_BYTES;
-            auto rows_of = [&](int t, const unsigned char** rw) {
-                rw[0] = s + t * rs0;
-                rw[1] = s + SO1 + t * rs1;
-                rw[2] = s + SO2 + t * rs2;
-                rw[3] = s + SO3 + t * rs3;
-            };
+            pipe.issue(i + STAGES - 1);
+            pipe.advance_pages(i);
+            const int t0 = pipe.first_token(i);
+            const int n_tile = pipe.tile_tokens(i);
+            const int* tp = pipe.pages(i);
+            const unsigned char* s = pipe.stage(i);
+            auto rows_of = [&](int t, const unsigned char** rw) { pipe.rows(s, t, rw); };
             // This thread's score tokens tw0 + g (tt = 0) and tw0 + g + 8 (tt = 1).
             const unsigned char* kr[2][4];
             rows_of(tw0 + g, kr[0]);
@@ -501,7 +421,7 @@ __device__ __forceinline__ void kv_stage1_body(
             // fp16 keys from the staged rows: matrices (tokens 0-7 | 8-15) x (dims 0-7 | 8-15)
             // = a0, a1, a2, a3.
             const unsigned k_addr = kv_smem_addr(
-                s + (tw0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * rs0 + 16 * (lane >> 4));
+                s + (tw0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * pipe.rs[0] + 16 * (lane >> 4));
 #endif
 #pragma unroll
             for (int ks = 0; ks < KS; ks += 2) {
@@ -643,7 +563,7 @@ __device__ __forceinline__ void kv_stage1_body(
                 }
             }
 #endif
-            const unsigned vaddr = kv_v_operand_tile(s, rsa, tw0, lane, n_tile, tp, vt_s, warp);
+            const unsigned vaddr = kv_v_operand_tile(pipe, s, tw0, lane, n_tile, tp, vt_s, warp);
 #if KV_MMA_V_DIRECT
             // Staged rows of invalid tokens may hold any bits (NaN included): zero the
             // thread's A elements of tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
