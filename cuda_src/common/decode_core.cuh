@@ -381,12 +381,18 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
 // numbers, -1 for no page) and the cp.async stages. Tile j covers tokens t_lo + j * TILE ..
 // Block-table entries of tile j + STAGES + 1 are read into a register (pf_e) one tile before
 // they are checked and stored, so no thread waits on them.
+// The planes' pointers and strides stay kernel parameters (constant bank, no registers):
+// issue() takes them again through KV_PLANE_PARAMS (the stage-1 bodies' parameter names).
+#define KV_PLANE_PARAMS                                                                      \
+    p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st, p1_vec, p2, p2_sb, p2_sh, p2_st, \
+        p2_vec, p3, p3_sb, p3_sh, p3_st, p3_vec
+#define KV_PLANE_PARAM_DECL                                                               \
+    const unsigned char *p0, long long p0_sb, long long p0_sh, long long p0_st, int p0_vec, \
+        const unsigned char *p1, long long p1_sb, long long p1_sh, long long p1_st,           \
+        int p1_vec, const unsigned char *p2, long long p2_sb, long long p2_sh,                \
+        long long p2_st, int p2_vec, const unsigned char *p3, long long p3_sb,                \
+        long long p3_sh, long long p3_st, int p3_vec
 struct KvTilePipe {
-    const unsigned char* p[4];
-    long long sb[4];
-    long long sh[4];
-    long long st[4];
-    int vec[4];
     int md[4];  // copy mode per plane (KVD_MODE_*)
     int rs[4];  // staging row stride per plane, bytes
     const int* block_tables;
@@ -457,7 +463,7 @@ struct KvTilePipe {
         rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
     }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
-    __device__ __forceinline__ void issue(int j) {
+    __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
         if (j < n_tiles) {
             const int t0 = first_token(j);
             const int n = tile_tokens(j);
@@ -466,14 +472,14 @@ struct KvTilePipe {
             constexpr int SO1 = kvd::TILE * kvd::WP0;
             constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
             constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            kv_issue_plane<KV_P0_BYTES, kvd::WP0>(s, p[0], sb[0], sh[0], st[0], KV_P0_ELEM, vec[0],
+            kv_issue_plane<KV_P0_BYTES, kvd::WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
                                                   md[0], kvh, tp, t0, n, block_size);
-            kv_issue_plane<KV_P1_BYTES, kvd::WP1>(s + SO1, p[1], sb[1], sh[1], st[1], KV_P1_ELEM,
-                                                  vec[1], md[1], kvh, tp, t0, n, block_size);
-            kv_issue_plane<KV_P2_BYTES, kvd::WP2>(s + SO2, p[2], sb[2], sh[2], st[2], KV_P2_ELEM,
-                                                  vec[2], md[2], kvh, tp, t0, n, block_size);
-            kv_issue_plane<KV_P3_BYTES, kvd::WP3>(s + SO3, p[3], sb[3], sh[3], st[3], KV_P3_ELEM,
-                                                  vec[3], md[3], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P1_BYTES, kvd::WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
+                                                  p1_vec, md[1], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P2_BYTES, kvd::WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
+                                                  p2_vec, md[2], kvh, tp, t0, n, block_size);
+            kv_issue_plane<KV_P3_BYTES, kvd::WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
+                                                  p3_vec, md[3], kvh, tp, t0, n, block_size);
         }
         kv_cp_async_commit();
     }
@@ -482,20 +488,12 @@ struct KvTilePipe {
 // The pipeline of CTA (split, kvh, b) = blockIdx; sets flag bit 4 for a bad seq_len (split 0,
 // thread 0) and returns seq_len (the masks need it).
 __device__ __forceinline__ KvTilePipe kv_make_pipe(
-    const unsigned char* p0, long long p0_sb, long long p0_sh, long long p0_st, int p0_vec,
-    const unsigned char* p1, long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,
-    const unsigned char* p2, long long p2_sb, long long p2_sh, long long p2_st, int p2_vec,
-    const unsigned char* p3, long long p3_sb, long long p3_sh, long long p3_st, int p3_vec,
-    const int* block_tables, int max_blocks, const int* seq_lens, int num_blocks,
+    int p0_vec, int p1_vec, int p2_vec, int p3_vec, const int* block_tables, int max_blocks, const int* seq_lens, int num_blocks,
     int block_size, int window, int* error_flag, int* tp_ring, unsigned char* stg,
     int* seq_len_out) {
     KvTilePipe pp;
     const int split = blockIdx.x;
     const int b = blockIdx.z;
-    pp.p[0] = p0; pp.sb[0] = p0_sb; pp.sh[0] = p0_sh; pp.st[0] = p0_st; pp.vec[0] = p0_vec;
-    pp.p[1] = p1; pp.sb[1] = p1_sb; pp.sh[1] = p1_sh; pp.st[1] = p1_st; pp.vec[1] = p1_vec;
-    pp.p[2] = p2; pp.sb[2] = p2_sb; pp.sh[2] = p2_sh; pp.st[2] = p2_st; pp.vec[2] = p2_vec;
-    pp.p[3] = p3; pp.sb[3] = p3_sb; pp.sh[3] = p3_sh; pp.st[3] = p3_st; pp.vec[3] = p3_vec;
     pp.md[0] = kv_plane_mode<KV_P0_BYTES>(p0_vec, block_size);
     pp.md[1] = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
     pp.md[2] = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
@@ -583,11 +581,9 @@ __device__ __forceinline__ void kv_stage1_body(
     const int warp = tid / KV_WARP;
 
     int seq_len;
-    KvTilePipe pipe = kv_make_pipe(p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st,
-                                   p1_vec, p2, p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh,
-                                   p3_st, p3_vec, block_tables, max_blocks, seq_lens,
-                                   num_blocks, block_size, window, error_flag, tp_ring, stg,
-                                   &seq_len);
+    KvTilePipe pipe = kv_make_pipe(p0_vec, p1_vec, p2_vec, p3_vec, block_tables, max_blocks,
+                                   seq_lens, num_blocks, block_size, window, error_flag,
+                                   tp_ring, stg, &seq_len);
     const int n_tiles = pipe.n_tiles;
 
     float4 acc[RPT];
@@ -629,7 +625,7 @@ __device__ __forceinline__ void kv_stage1_body(
 #endif
         __syncthreads();
 #pragma unroll 1
-        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j);
+        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #if KV_ROTATE_Q
         // Unnormalized FWHT of every query row (stages h = 1, 2, ..., D/2), in place; the
         // first tiles' copies are already in flight.
@@ -658,7 +654,7 @@ __device__ __forceinline__ void kv_stage1_body(
             // also ends every read of iteration i - 1 (its stage, page slot, p_s, a_s).
             kv_cp_async_wait<STAGES - 2>();
             __syncthreads();
-            pipe.issue(i + STAGES - 1);
+            pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);  // the slot of tile i - 1
 
             const int t0 = pipe.first_token(i);

@@ -279,11 +279,9 @@ __device__ __forceinline__ void kv_stage1_body(
     const int c = lane & 3;
 
     int seq_len;
-    KvTilePipe pipe = kv_make_pipe(p0, p0_sb, p0_sh, p0_st, p0_vec, p1, p1_sb, p1_sh, p1_st,
-                                   p1_vec, p2, p2_sb, p2_sh, p2_st, p2_vec, p3, p3_sb, p3_sh,
-                                   p3_st, p3_vec, block_tables, max_blocks, seq_lens,
-                                   num_blocks, block_size, window, error_flag, tp_ring, stg,
-                                   &seq_len);
+    KvTilePipe pipe = kv_make_pipe(p0_vec, p1_vec, p2_vec, p3_vec, block_tables, max_blocks,
+                                   seq_lens, num_blocks, block_size, window, error_flag,
+                                   tp_ring, stg, &seq_len);
     const int n_tiles = pipe.n_tiles;
 
     // Per-thread state of rows 8 nr + 2c + j: m, this thread's share of l and of
@@ -331,7 +329,7 @@ __device__ __forceinline__ void kv_stage1_body(
 #endif
         __syncthreads();
 #pragma unroll 1
-        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j);
+        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #if KV_ROTATE_Q
         for (int h = 1; h < D; h <<= 1) {
             for (int p = tid; p < R * (D / 2); p += THREADS) {
@@ -401,7 +399,7 @@ __device__ __forceinline__ void kv_stage1_body(
         for (int i = 0; i < n_tiles; ++i) {
             kv_cp_async_wait<STAGES - 2>();
             __syncthreads();
-            pipe.issue(i + STAGES - 1);
+            pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);
             const int t0 = pipe.first_token(i);
             const int n_tile = pipe.tile_tokens(i);
