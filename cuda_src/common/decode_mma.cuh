@@ -40,9 +40,10 @@
 // Family hooks (defined by the entry before including decode_core.cuh):
 //   KV_MMA_KSPLIT     1: kv_mma_k4 also returns lo parts (codebook keys)
 //   KV_MMA_VCODES     0: kv_mma_v8 returns fp16 values (times KV_MMA_VF^-1);
-//                     1: bf16 integer codes, and kv_mma_vtok gives (scale_t, zero_t)
+//                     1: bf16 integer codes (minus KV_MMA_VCODE_OFFSET), and kv_mma_vtok
+//                     gives (scale_t, zero_t + offset * scale_t)
 //   KV_MMA_KF / VF    float: true key / value = operand value * KF / VF
-//   KV_MMA_TABLE_WORDS, kv_mma_init_table(unsigned* tab, tid, nthreads) -> float factor: a shared
+//   KV_MMA_TABLE_WORDS, kv_mma_init_table(tab, tid, nthreads) -> float factor: a shared
 //                     table built per CTA (codebook pairs hi/lo), and a power-of-two factor
 //                     the scores are multiplied by
 //   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix
