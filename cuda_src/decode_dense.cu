@@ -78,6 +78,44 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
     return make_uint4(kv_dc_e4m3x2_f16x2(w.x & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.x >> 16),
                       kv_dc_e4m3x2_f16x2(w.y & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.y >> 16));
 }
+// V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
+// bytes at byte VPL g of the staged row (16-byte aligned rows, so VPL-aligned loads).
+#define KV_MMA_V_REGS 1
+#define KV_MMA_VRAW (KV_HEAD_DIM / 32)
+__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
+                                             unsigned* raw) {
+    constexpr int VPL = KV_HEAD_DIM / 8;
+    const unsigned char* p = rows[1] + VPL * g;
+    if constexpr (VPL % 16 == 0) {
+#pragma unroll
+        for (int i = 0; i < VPL / 16; ++i) {
+            const uint4 w = reinterpret_cast<const uint4*>(p)[i];
+            raw[4 * i] = w.x;
+            raw[4 * i + 1] = w.y;
+            raw[4 * i + 2] = w.z;
+            raw[4 * i + 3] = w.w;
+        }
+    } else if constexpr (VPL % 8 == 0) {
+#pragma unroll
+        for (int i = 0; i < VPL / 8; ++i) {
+            const uint2 w = reinterpret_cast<const uint2*>(p)[i];
+            raw[2 * i] = w.x;
+            raw[2 * i + 1] = w.y;
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < VPL / 4; ++i) raw[i] = reinterpret_cast<const unsigned*>(p)[i];
+    }
+}
+// Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves).
+__device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
+                                             unsigned* w0, unsigned* w1) {
+    const int o = 2 * (j & 1);
+    const unsigned e =
+        __byte_perm(ra[j >> 1], rb[j >> 1], o | ((4 + o) << 4) | ((o + 1) << 8) | ((5 + o) << 12));
+    *w0 = kv_dc_e4m3x2_f16x2(e & 0xFFFFu);
+    *w1 = kv_dc_e4m3x2_f16x2(e >> 16);
+}
 #elif !KV_DENSE_BF16
 #define KV_MMA 1
 #define KV_MMA_KF 1.0f

@@ -178,6 +178,58 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
                       kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(c & M, (c >> B) & M),
                       kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>((c >> (2 * B)) & M, (c >> (3 * B)) & M));
 }
+// V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
+// contiguous codes, VPL * bits <= 64 bits per token (the tensor-core core's D <= 128).
+#if KV_HEAD_DIM <= 128
+#define KV_MMA_V_REGS 1
+#define KV_MMA_VRAW 2
+static_assert(TQ_VALUE_OFFSET % 2 == 0, "value codes start 2-byte aligned in the slot");
+__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
+                                             unsigned* raw) {
+    constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+    static_assert(VB <= 64, "one lane's codes fit 64 bits");
+    const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
+    unsigned long long x = 0ull;
+    if constexpr (VB % 16 == 0) {
+        // Even byte offsets (slots and staged rows are 2-byte aligned): 2-byte loads.
+        const unsigned short* q = reinterpret_cast<const unsigned short*>(p + (VB / 8) * g);
+#pragma unroll
+        for (int i = 0; i < VB / 16; ++i) x |= (unsigned long long)q[i] << (16 * i);
+    } else {
+        // Any bit offset: the bytes that hold the codes (at most one past them, which is
+        // still the slot's scale field), shifted down.
+        const int bit = VB * g;
+        const unsigned char* q = p + (bit >> 3);
+        constexpr int NBY = (VB + 7 + 7) / 8;
+#pragma unroll
+        for (int i = 0; i < NBY; ++i) x |= (unsigned long long)q[i] << (8 * i);
+        x >>= (bit & 7);
+    }
+    raw[0] = (unsigned)x;
+    raw[1] = (unsigned)(x >> 32);
+}
+// Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), centred
+// bf16 as kv_mma_v8.
+__device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
+                                             unsigned* w0, unsigned* w1) {
+    constexpr int B = TQ_VALUE_BITS;
+    constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
+    unsigned e;
+    if constexpr (B == 4) {
+        // Byte j of each: a's to byte 0, b's to byte 2.
+        const int o = j & 3;
+        e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
+    } else {
+        const int sh = 2 * B * j;
+        const unsigned long long a = ((unsigned long long)ra[1] << 32) | ra[0];
+        const unsigned long long b = ((unsigned long long)rb[1] << 32) | rb[0];
+        constexpr unsigned M2 = (1u << (2 * B)) - 1u;
+        e = ((unsigned)(a >> sh) & M2) | (((unsigned)(b >> sh) & M2) << 16);
+    }
+    *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
+    *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e >> B);
+}
+#endif
 __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,
                                             float* z) {
     const float s = kv_dc_f16_at(rows[0] + TQ_VALUE_SCALE_OFFSET);

@@ -187,3 +187,15 @@ __device__ __forceinline__ unsigned kv_codes_bf16x2(unsigned c0, unsigned c1) {
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
     return r;
 }
+
+// The codes in the fields MM of x (c0 from bits 0.., c1 from bits 16..; MM selects at most
+// 7 bits per half) -> bf16x2 of c - OFF, as kv_codes_bf16x2.
+template <unsigned OFF, unsigned MM>
+__device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
+    static_assert((MM & 0xFF80FF80u) == 0u, "codes below 128");
+    x = (x & MM) | 0x43004300u;
+    constexpr unsigned NEG = 0xC300u | OFF;  // -(128 + OFF)
+    unsigned r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
+    return r;
+}

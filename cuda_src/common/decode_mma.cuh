@@ -51,6 +51,12 @@
 //                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2 (lo parts l0, l1)
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
 //   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs
+//   KV_MMA_V_REGS     1: the V operand straight from the staged rows into registers, with
+//                     the PV mma's M (output dims) permuted so a lane's dims are contiguous:
+//                     kv_mma_vload(rows, g, raw) loads one token's dims VPL g .. VPL g +
+//                     VPL - 1 (VPL = D / 8) into KV_MMA_VRAW words, and
+//                     kv_mma_vpair(raw_a, raw_b, j, &w0, &w1) returns dims VPL g + 2 j (w0)
+//                     and + 1 (w1) of tokens a (low half) and b (high half)
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
 #pragma once
 
@@ -68,6 +74,9 @@
 #endif
 #ifndef KV_MMA_TABLE_WORDS
 #define KV_MMA_TABLE_WORDS 0
+#endif
+#ifndef KV_MMA_V_REGS
+#define KV_MMA_V_REGS 0
 #endif
 // fp16 queries without a rotation are exact fp16: no lo part, no row scaling.
 #if KV_IN_DTYPE == 1 && !KV_ROTATE_Q
@@ -100,7 +109,10 @@ static_assert(D % 32 == 0 && D <= 128, "mma core head_dim");
 
 // Per-warp V operand tile [16 tokens][VSTR] of 16-bit values (families without direct V).
 constexpr int VSTR = D + 8;
-#if KV_MMA_V_DIRECT
+// V_REGS: lane group g holds the VPL contiguous output dims VPL g .. VPL g + VPL - 1; m-tile
+// mi's A rows g and g + 8 are dims VPL g + 2 mi and VPL g + 2 mi + 1.
+constexpr int VPL = D / 8;
+#if KV_MMA_V_DIRECT || KV_MMA_V_REGS
 constexpr int VT_BYTES = 0;
 #else
 constexpr int VT_BYTES = NWM * 16 * VSTR * 2;
@@ -562,6 +574,57 @@ __device__ __forceinline__ void kv_stage1_body(
                 }
             }
 #endif
+#if KV_MMA_V_REGS
+            // V^T's A fragments from registers: tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9
+            // (a2, a3) of the warp's 16, dims VPL g + 2 mi (rows g) and + 1 (rows g + 8).
+            unsigned vraw[4][KV_MMA_VRAW];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned char* rv[4];
+                rows_of(tw0 + 2 * c + (k & 1) + 8 * (k >> 1), rv);
+                kv_mma_vload(rv, g, vraw[k]);
+            }
+#if !KV_MMA_VCODES
+            // Staged rows of invalid tokens may hold any bits (NaN included): zero their
+            // halves (tokens 2c, 2c + 1 | 2c + 8, 2c + 9) when the warp has any.
+            unsigned vm[2];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int ta = tw0 + 2 * c + 8 * h;
+                const bool oa = ta < n_tile && tp[ta] >= 0;
+                const bool ob = ta + 1 < n_tile && tp[ta + 1] >= 0;
+                vm[h] = (oa ? 0xFFFFu : 0u) | (ob ? 0xFFFF0000u : 0u);
+            }
+            const bool v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
+#endif
+#pragma unroll
+            for (int mi = 0; mi < MT; ++mi) {
+                unsigned av[4];
+                kv_mma_vpair(vraw[0], vraw[1], mi, &av[0], &av[1]);
+                kv_mma_vpair(vraw[2], vraw[3], mi, &av[2], &av[3]);
+#if !KV_MMA_VCODES
+                if (v_mask) {
+                    av[0] &= vm[0];
+                    av[1] &= vm[0];
+                    av[2] &= vm[1];
+                    av[3] &= vm[1];
+                }
+#endif
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+                    for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_VCODES
+                        kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#else
+                        kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#endif
+                    }
+                    kv_acc_add4(acc[nr][mi], t4);
+                }
+            }
+#else
             const unsigned vaddr = kv_v_operand_tile(pipe, s, tw0, lane, n_tile, tp, vt_s, warp);
 #if KV_MMA_V_DIRECT
             // Staged rows of invalid tokens may hold any bits (NaN included): zero the
@@ -599,6 +662,7 @@ __device__ __forceinline__ void kv_stage1_body(
                     kv_acc_add4(acc[nr][mi], t4);
                 }
             }
+#endif  // KV_MMA_V_REGS
         }
         kv_cp_async_wait<0>();
     }
@@ -640,12 +704,19 @@ __device__ __forceinline__ void kv_stage1_body(
 #else
                 const float zz = 0.f;
 #endif
+#if KV_MMA_V_REGS
+                float2* dst = reinterpret_cast<float2*>(red + (warp * R + r) * D + VPL * g);
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi)
+                    dst[mi] = make_float2(acc[nr][mi][j] * AF + zz, acc[nr][mi][2 + j] * AF + zz);
+#else
                 float* dst = red + (warp * R + r) * D + g;
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi) {
                     dst[16 * mi] = acc[nr][mi][j] * AF + zz;
                     dst[16 * mi + 8] = acc[nr][mi][2 + j] * AF + zz;
                 }
+#endif
             }
         }
     }
