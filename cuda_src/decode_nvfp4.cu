@@ -74,6 +74,42 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
                       kv_dc_nvfp4x2_f16x2((w >> 16) & 0xFFu, sf), kv_dc_nvfp4x2_f16x2(w >> 24, sf));
 }
 
+// V straight into registers (decode_mma.cuh KV_MMA_V_REGS) where a lane group's VPL = D / 8
+// dims share one block scale (D = 32, 64, 128): VPL / 2 code bytes (aligned to VPL / 2 in
+// the 16-byte aligned data rows) and the scale byte.
+#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128
+#define KV_MMA_V_REGS 1
+#define KV_MMA_VRAW 3
+__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
+                                             unsigned* raw) {
+    constexpr int VPL = KV_HEAD_DIM / 8;
+    static_assert(KV_NVFP4_BLOCK % VPL == 0, "one block scale per lane group");
+    const unsigned char* p = rows[2] + (VPL / 2) * g;
+    if constexpr (VPL == 16) {
+        const uint2 w = *reinterpret_cast<const uint2*>(p);
+        raw[0] = w.x;
+        raw[1] = w.y;
+    } else if constexpr (VPL == 8) {
+        raw[0] = *reinterpret_cast<const unsigned*>(p);
+        raw[1] = 0u;
+    } else {
+        raw[0] = *reinterpret_cast<const unsigned short*>(p);
+        raw[1] = 0u;
+    }
+    raw[2] = rows[3][(VPL * g) / KV_NVFP4_BLOCK];
+}
+// Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
+// kv_mma_v8 (value * 2^-8).
+__device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
+                                             unsigned* w0, unsigned* w1) {
+    const int o = j & 3;
+    const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
+    const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
+    *w0 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e), sf);
+    *w1 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e >> 4), sf);
+}
+#endif
+
 #include "common/decode_core.cuh"
 
 KV_DEFINE_STAGE1_KERNEL(kv_decode_nvfp4_stage1)

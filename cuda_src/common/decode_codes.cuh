@@ -118,9 +118,12 @@ __device__ __forceinline__ unsigned kv_dc_e4m3x2_f16x2(unsigned two) {
 // One E2M1 byte (element 2j in the low nibble) -> fp16x2, each half = e2m1 * 2^-14: the
 // sign to bit 15, the 3-bit exponent/mantissa field to bits 9..11 (E2M1's subnormal 0.5 is
 // then fp16's subnormal 2^-15, every normal code lands on its fp16 exponent - 14).
-__device__ __forceinline__ unsigned kv_dc_e2m1x2_f16x2(unsigned byte) {
-    const unsigned u = (byte & 0xFu) | ((byte & 0xF0u) << 12);
+// Two E2M1 codes in bits 0..3 and 16..19 of u (other bits ignored) -> fp16x2, as below.
+__device__ __forceinline__ unsigned kv_dc_e2m1_pair_f16x2(unsigned u) {
     return ((u & 0x00070007u) << 9) | ((u & 0x00080008u) << 12);
+}
+__device__ __forceinline__ unsigned kv_dc_e2m1x2_f16x2(unsigned byte) {
+    return kv_dc_e2m1_pair_f16x2((byte & 0xFu) | ((byte & 0xF0u) << 12));
 }
 
 __device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
@@ -135,11 +138,15 @@ __device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
 __device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsigned sf_x2) {
     return kv_hmul2(kv_dc_e2m1x2_f16x2(code_byte), sf_x2);
 }
-// The block scale operand of kv_dc_nvfp4x2_f16x2: sf * 2^6 in both halves.
-__device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
-    const unsigned h = kv_dc_e4m3x2_f16x2(sf | (sf << 8));
+// The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * 2^6 and sf_hi * 2^6 (two scale
+// bytes); _f16x2: the same scale in both halves.
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
+    const unsigned h = kv_dc_e4m3x2_f16x2(sf_lo | (sf_hi << 8));
     // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
     return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+}
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
+    return kv_dc_nvfp4_sf2_f16x2(sf, sf);
 }
 
 // (lo element, hi element) -> fp16x2 (lo in bits 0..15), round to nearest.

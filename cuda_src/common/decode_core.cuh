@@ -168,7 +168,11 @@ constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
 // their shared memory still fits an H200 SM (228 KB) for every D <= 128 format.
 // The mma core (4 warps, up to four CTAs per SM) keeps a smaller budget: its CTAs are
 // bound by instructions and latency, more of them per SM beat deeper pipelines.
+#ifdef KVD_STAGE_BUDGET_KB
+constexpr int STAGE_BUDGET = KVD_STAGE_BUDGET_KB * 1024;  // launcher override (sweeps)
+#else
 constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
+#endif
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES

@@ -19,7 +19,8 @@ heads and all q_len queries of that KV head, so every cache byte is read once pe
 64 tokens stream through a cp.async pipeline into shared memory and are dequantized straight
 from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 (every format but bf16;
 ``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise (``decode_core.cuh``;
-``KVKIT_DECODE_SIMT=1`` forces it). With one split and no sinks stage 1 writes o and lse
+``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides the staging budget
+per CTA, for tuning sweeps). With one split and no sinks stage 1 writes o and lse
 itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
 grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
@@ -200,9 +201,12 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
+    stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
+    if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
+        raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt,
+        group, q_len, simt, stage_kb,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -212,6 +216,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if simt:
         # Forces the CUDA-core stage 1 (A/B measurements, tests of both cores).
         defines["KVKIT_DECODE_SIMT"] = "1"
+    if stage_kb:
+        # The cp.async staging budget per CTA (tuning sweeps; default in decode_core.cuh).
+        defines["KVD_STAGE_BUDGET_KB"] = stage_kb
     func, smem, threads = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, func, smem, threads)  # holds fmt, so its id is not reused
     return func, smem, threads
