@@ -117,23 +117,29 @@ constexpr int VT_BYTES = 0;
 #else
 constexpr int VT_BYTES = NWM * 16 * VSTR * 2;
 #endif
-// The float query rows live only until the fp16 operands are built, the V tiles only in the
-// tile loop: one scratch region holds either.
+// The float query rows live only until the fp16 operands are built: they sit in the last
+// cp.async stage when it holds them (the prologue fills stages 0 .. STAGES - 2; the tile
+// loop's first issue, after a barrier, is the first write to stage STAGES - 1), else in the
+// scratch region with the V tiles (which live only in the tile loop).
 constexpr int QF_BYTES = 16 * D * 4;
-constexpr int SCRATCH = VT_BYTES > QF_BYTES ? VT_BYTES : QF_BYTES;
-constexpr int OFF_QF = 0;                                     // float [16][D] query rows
-constexpr int OFF_VT = 0;                                     // V tiles (aliases OFF_QF)
-constexpr int OFF_ML = 0;  // float [NWM][16][2] (m, l) after the tile loop (scratch too)
-static_assert(NWM * 16 * 2 * 4 <= SCRATCH, "warp states fit the scratch region");
+constexpr bool QF_IN_STAGE = kvd::STAGE_BYTES >= QF_BYTES;
+constexpr int SCRATCH = QF_IN_STAGE ? VT_BYTES : (VT_BYTES > QF_BYTES ? VT_BYTES : QF_BYTES);
+constexpr int OFF_VT = 0;                                     // V tiles
 constexpr int OFF_QH = kvd::a16(SCRATCH);                     // fp16 [16][QSTR] hi
 constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
 constexpr int OFF_RS = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // float [16]
 constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
 constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
 constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
-constexpr int RED_BYTES = NWM * R * D * 4;  // per-warp accumulators at the end of a split
-constexpr int STG_BYTES =
-    kvd::STAGES * kvd::STAGE_BYTES > RED_BYTES ? kvd::STAGES * kvd::STAGE_BYTES : RED_BYTES;
+constexpr int OFF_QF =                                        // float [16][D] query rows
+    QF_IN_STAGE ? OFF_STG + (kvd::STAGES - 1) * kvd::STAGE_BYTES : 0;
+// After the tile loop the staging holds the per-warp accumulators, then the warp states.
+constexpr int RED_BYTES = NWM * R * D * 4;
+constexpr int OFF_ML = OFF_STG + kvd::a16(RED_BYTES);         // float [NWM][16][2] (m, l)
+constexpr int ML_BYTES = NWM * 16 * 2 * 4;
+constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) + ML_BYTES
+                              ? kvd::STAGES * kvd::STAGE_BYTES
+                              : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
 }  // namespace kvm
 
