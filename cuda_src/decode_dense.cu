@@ -123,13 +123,6 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // fp16 K and V rows are read from the staging by ldmatrix (16-byte aligned rows).
 #define KV_MMA_K_DIRECT 1
 #define KV_MMA_V_DIRECT 1
-// fp16 at D = 128 waits on memory with the default two 34 KB stages (Nsight Compute,
-// H200, (64, 8192): 8 warps per SM, the cp.async wait the top stall, DRAM 47% busy, 0.82 ms
-// vs 0.52 for SDPA): three stages double the copies in flight and two CTAs of ~110 KB still
-// fit an SM's 228 KB.
-#if KV_HEAD_DIM == 128
-#define KV_MMA_STAGES 3
-#endif
 #endif
 
 #include "common/decode_core.cuh"

@@ -21,6 +21,8 @@
 // pass over the splits (512 in two).
 #define KVM_VEC 8
 #define KVM_COLS (KVM_VEC * KV_WARP)
+// Splits whose partial accumulators one lane loads before using any of them (4 x 8 floats).
+#define KVM_SB 4
 
 // Grid (ceil(rows / KVM_WARPS)), block KVM_WARPS * 32, no shared memory.
 extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_decode_merge_splits(
@@ -68,14 +70,30 @@ extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_decode_merg
             const float w_mine =
                 s_mine < num_splits ? kv_merge_weight(m_row[s_mine], big_m) : 0.f;
             const int n = min(KV_WARP, num_splits - s0);
-            for (int k = 0; k < n; ++k) {
-                const float w = __shfl_sync(KV_FULL_MASK, w_mine, k);  // uniform loop
-                if (w == 0.f) continue;  // empty split: its acc is never read
-                const float* a = acc_row + (long long)(s0 + k) * head_dim;
+            // KVM_SB splits' loads in flight before their FMAs (one round trip per batch,
+            // not per split: B = 1 steps have few rows to hide latency with); the FMAs stay
+            // in split order, so the sum is the one-split-at-a-time sum.
+            for (int k0 = 0; k0 < n; k0 += KVM_SB) {  // uniform loop
+                float a[KVM_SB][KVM_VEC];
+                float w[KVM_SB];
 #pragma unroll
-                for (int v = 0; v < KVM_VEC; ++v) {
-                    const int d = d0 + v * KV_WARP + lane;
-                    if (d < head_dim) acc[v] = fmaf(a[d], w, acc[v]);
+                for (int u = 0; u < KVM_SB; ++u) {
+                    w[u] = __shfl_sync(KV_FULL_MASK, w_mine, (k0 + u) & (KV_WARP - 1));
+                    // An empty split (weight 0) has an acc that is never read.
+                    const bool live = k0 + u < n && w[u] != 0.f;
+                    const float* a_s = acc_row + (long long)(s0 + k0 + u) * head_dim;
+#pragma unroll
+                    for (int v = 0; v < KVM_VEC; ++v) {
+                        const int d = d0 + v * KV_WARP + lane;
+                        a[u][v] = (live && d < head_dim) ? a_s[d] : 0.f;
+                    }
+                }
+#pragma unroll
+                for (int u = 0; u < KVM_SB; ++u) {
+                    if (k0 + u < n && w[u] != 0.f) {
+#pragma unroll
+                        for (int v = 0; v < KVM_VEC; ++v) acc[v] = fmaf(a[u][v], w[u], acc[v]);
+                    }
                 }
             }
         }

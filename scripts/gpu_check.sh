@@ -6,8 +6,10 @@
 #   PYTHONPATH is set to the source tree; nothing is installed.
 #   OUT defaults to ./gpu_out; HYPOTHESIS_PROFILE defaults to ci.
 #   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench ncu
-#     (ncu is not in the default set: Nsight Compute on one stage-1 launch per format in
-#     NCU_FORMATS at NCU_SHAPE, occupancy / issue / throughput lines into ncu.txt)
+#     host, run in the order given (ncu and host are not in the default set: ncu = Nsight
+#     Compute on one stage-1 launch per format in NCU_FORMATS at NCU_SHAPE, occupancy / issue /
+#     throughput lines into ncu.txt; host = scripts/host_overhead.py, the host time of a plain
+#     decode call and its cProfile, into host.txt)
 #   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
 #   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
@@ -50,6 +52,8 @@ for s in $STEPS; do
     sm89)     step gpu_sm89 env KVKIT_ARCH=sm_89 timeout "${T_SUITE:-300}" python -m pytest -q -m gpu tests -p no:cacheprovider ;;
     memcheck) step memcheck timeout "${T_MEMCHECK:-240}" "$SAN" --tool memcheck --error-exitcode 3 \
                 --print-limit 20 python scripts/sanitize_targets.py ;;
+    host)     step host bash -c 'timeout 120 python scripts/host_overhead.py turboquant_4bit_nc 1 4096 |
+                tee "$OUT/host.txt"' ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
     ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
                 for f in ${NCU_FORMATS:-turboquant_4bit_nc fp16}; do

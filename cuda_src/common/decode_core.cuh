@@ -174,11 +174,7 @@ constexpr int STAGE_BUDGET = KVD_STAGE_BUDGET_KB * 1024;  // launcher override (
 constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 #endif
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
-#if KVD_USE_MMA && defined(KV_MMA_STAGES) && !defined(KVD_STAGE_BUDGET_KB)
-constexpr int STAGES = KV_MMA_STAGES;  // the family's choice (see its entry)
-#else
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
-#endif
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
 constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
