@@ -352,6 +352,54 @@ def print_table(rows) -> None:
         )
 
 
+def markdown_tables(rows) -> str:
+    """BENCHMARKS.md tables from bench rows: decode (plain and graph side by side, with the
+    SDPA time measured the same way) and write."""
+
+    def shape_of(r):
+        label = f"B={r['B']} T={r['T']}"
+        if r["D"] != 128:
+            label += f" D={r['D']}"
+        if r["Hq"] not in (None, 32):
+            label += f" Hq={r['Hq']}"
+        return label
+
+    def num(x, fmt):
+        return "-" if x is None else format(x, fmt)
+
+    dec = {}
+    for r in rows:
+        if r["op"] == "decode":
+            dec.setdefault((r["format"], r["B"], r["T"], r["Hq"], r["D"]), {})[r["graph"]] = r
+    out = [
+        "| format | shape | kvkit ms | graph ms | SDPA ms | SDPA graph ms | TB/s (graph) "
+        "| % of copy (graph) | SDPA / kvkit (graph) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for pair in dec.values():
+        plain, gr = pair.get(False), pair.get(True)
+        ref = gr or plain
+        ratio = None
+        if gr is not None and gr["sdpa_fp16_ms"]:
+            ratio = f"{gr['sdpa_fp16_ms'] / gr['kvkit_ms']:.2f}x"
+        times = [num(r and r[key], ".4f") for key in ("kvkit_ms", "sdpa_fp16_ms")
+                 for r in (plain, gr)]  # fmt: skip
+        out.append(
+            f"| {ref['format']} | {shape_of(ref)} | {times[0]} | {times[1]} | {times[2]} "
+            f"| {times[3]} | {ref['effective_TBps']:.2f} "
+            f"| {100 * ref['effective_TBps'] / ref['copy_TBps']:.1f} | {ratio or '-'} |"
+        )
+    writes = [r for r in rows if r["op"] == "write"]
+    if writes:
+        out += ["", "| format | token-heads | ms | TB/s | % of copy |", "|---|---|---|---|---|"]
+        for r in writes:
+            out.append(
+                f"| {r['format']} | {r['B'] * r['T'] * r['Hkv']} | {r['kvkit_ms']:.3f} "
+                f"| {r['effective_TBps']:.2f} | {100 * r['effective_TBps'] / r['copy_TBps']:.1f} |"
+            )
+    return "\n".join(out) + "\n"
+
+
 def plot(rows, path: Path) -> bool:
     """Decode time per format per shape (bars), the byte floor (ticks), SDPA fp16 (line)."""
     try:
@@ -429,6 +477,7 @@ def run(args: argparse.Namespace) -> int:
     if not args.no_write:
         rows += bench_write(names, args.reps, copy_bw)
     (args.out / "bench.json").write_text(json.dumps(rows, indent=1))
+    (args.out / "bench.md").write_text(markdown_tables(rows))
     if plot(rows, args.out / "bench.png"):
         print(f"plot: {args.out / 'bench.png'}")
     print_table(rows)

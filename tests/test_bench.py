@@ -60,6 +60,24 @@ def test_table_and_plot_from_rows(tmp_path, capsys):
     assert (tmp_path / "b.png").stat().st_size > 1000
 
 
+def test_markdown_tables_pair_plain_and_graph_rows():
+    base = dict(op="decode", format="nvfp4", B=1, T=4096, Hq=32, Hkv=8, D=64, bytes=10**6,
+                copy_TBps=4.0)  # fmt: skip
+    rows = [
+        dict(base, kvkit_ms=0.25, sdpa_fp16_ms=0.04, effective_TBps=0.004, graph=False),
+        dict(base, kvkit_ms=0.03, sdpa_fp16_ms=0.012, effective_TBps=0.2, graph=True),
+        dict(op="write", format="nvfp4", B=524288, T=1, Hq=None, Hkv=8, D=128, kvkit_ms=3.0,
+             sdpa_fp16_ms=None, bytes=10**9, effective_TBps=1.0, copy_TBps=4.0, graph=False),
+    ]  # fmt: skip
+    md = bench.markdown_tables(rows).splitlines()
+    decode_rows = [line for line in md if line.startswith("| nvfp4 | B=1")]
+    # One line for the pair: plain 0.25 / graph 0.03 ms, SDPA 0.04 / 0.012, ratio 0.012 / 0.03.
+    assert decode_rows == [
+        "| nvfp4 | B=1 T=4096 D=64 | 0.2500 | 0.0300 | 0.0400 | 0.0120 | 0.20 | 5.0 | 0.40x |"
+    ]
+    assert "| nvfp4 | 4194304 | 3.000 | 1.00 | 25.0 |" in md
+
+
 def test_cli_without_a_gpu_says_why(capsys, monkeypatch):
     import kvkit.cli
 
