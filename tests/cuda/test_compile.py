@@ -165,3 +165,25 @@ def test_no_kernel_spills(arch):
         if any(int(s) or int(lo) for s, lo in spills):
             bad.append((entry, name, d, dt, spills))
     assert bad == []
+
+
+# The tensor-core decode stage 1 (decode_mma.cuh) is capped at 128 registers for R <= 8 rows
+# (four CTAs per SM); a spill there costs local-memory traffic in the hottest loop.
+_DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
+                 "nvfp4": "decode_nvfp4.cu", "turboquant": "decode_turboquant.cu"}  # fmt: skip
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tensor_core_decode_does_not_spill(arch):
+    bad = []
+    for name in ("fp16", "fp8_e4m3", "nvfp4", *TQ):
+        fmt = formats.get(name, 128)
+        for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1")):
+            defines = dict(formats.get(name, d).cuda_defines())
+            defines.update(KV_IN_DTYPE=q_dtype, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
+            res = compile_entry(_DECODE_ENTRY[fmt.family], defines, arch, verbose_ptxas=True)
+            spills = _SPILL_RE.findall(res.log)
+            assert spills, f"no ptxas statistics for {name}: {res.log!r}"
+            if any(int(s) or int(lo) for s, lo in spills):
+                bad.append((name, group, q_len, d, q_dtype, spills))
+    assert bad == []
