@@ -207,6 +207,40 @@ __device__ __forceinline__ void kv_split3_bf16x2(float x0, float x1, unsigned* p
 }
 
 
+// Validity masks of the thread's V^T A elements: tokens 2c, 2c + 1 (vm[0]: a0, a1) and
+// 2c + 8, 2c + 9 (vm[1]: a2, a3) of the warp's 16; a dropped token's half is 0. Staged rows of
+// invalid tokens may hold any bits (NaN included), which an mma would spread.
+__device__ __forceinline__ void kv_v_token_masks(int tw0, int c, int n_tile, const int* tp,
+                                                 unsigned* vm) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int ta = tw0 + 2 * c + 8 * h;
+        const bool oa = ta < n_tile && tp[ta] >= 0;
+        const bool ob = ta + 1 < n_tile && tp[ta + 1] >= 0;
+        vm[h] = (oa ? 0xFFFFu : 0u) | (ob ? 0xFFFF0000u : 0u);
+    }
+}
+
+// One m-tile of O^T += V^T P^T: a fresh accumulator per row tile over the NPART parts of P^T
+// (bf16 for value codes, fp16 otherwise), then added to the running one in IEEE float32.
+template <int NPART>
+__device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* av,
+                                            const unsigned (*bp)[NPART][2], int acc_stride) {
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+        float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_VCODES
+            kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#else
+            kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#endif
+        }
+        kv_acc_add4(acc_mi[nr * acc_stride], t4);
+    }
+}
+
 // The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
 // bf16 codes), as the shared address ldmatrix.trans lane `lane` passes for the first two
 // n-tiles (+16 bytes per n-tile after that): rows (lane % 8) + 8 ((lane / 8) % 2), dims
@@ -591,16 +625,10 @@ __device__ __forceinline__ void kv_stage1_body(
                 kv_mma_vload(rv, g, vraw[k]);
             }
 #if !KV_MMA_VCODES
-            // Staged rows of invalid tokens may hold any bits (NaN included): zero their
-            // halves (tokens 2c, 2c + 1 | 2c + 8, 2c + 9) when the warp has any.
+            // Values may be NaN in invalid tokens' rows (codes never are): mask when the warp
+            // has any.
             unsigned vm[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int ta = tw0 + 2 * c + 8 * h;
-                const bool oa = ta < n_tile && tp[ta] >= 0;
-                const bool ob = ta + 1 < n_tile && tp[ta + 1] >= 0;
-                vm[h] = (oa ? 0xFFFFu : 0u) | (ob ? 0xFFFF0000u : 0u);
-            }
+            kv_v_token_masks(tw0, c, n_tile, tp, vm);
             const bool v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
 #endif
 #pragma unroll
@@ -616,33 +644,13 @@ __device__ __forceinline__ void kv_stage1_body(
                     av[3] &= vm[1];
                 }
 #endif
-#pragma unroll
-                for (int nr = 0; nr < NR; ++nr) {
-                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int k = 0; k < NPART; ++k) {
-#if KV_MMA_VCODES
-                        kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#else
-                        kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#endif
-                    }
-                    kv_acc_add4(acc[nr][mi], t4);
-                }
+                kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }
 #else
             const unsigned vaddr = kv_v_operand_tile(pipe, s, tw0, lane, n_tile, tp, vt_s, warp);
 #if KV_MMA_V_DIRECT
-            // Staged rows of invalid tokens may hold any bits (NaN included): zero the
-            // thread's A elements of tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9 (a2, a3).
             unsigned vm[2];
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                const int ta = tw0 + 2 * c + 8 * h;
-                const bool oa = ta < n_tile && tp[ta] >= 0;
-                const bool ob = ta + 1 < n_tile && tp[ta + 1] >= 0;
-                vm[h] = (oa ? 0xFFFFu : 0u) | (ob ? 0xFFFF0000u : 0u);
-            }
+            kv_v_token_masks(tw0, c, n_tile, tp, vm);
 #endif
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) {
@@ -654,19 +662,7 @@ __device__ __forceinline__ void kv_stage1_body(
                 av[2] &= vm[1];
                 av[3] &= vm[1];
 #endif
-#pragma unroll
-                for (int nr = 0; nr < NR; ++nr) {
-                    float t4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-                    for (int k = 0; k < NPART; ++k) {
-#if KV_MMA_VCODES
-                        kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#else
-                        kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#endif
-                    }
-                    kv_acc_add4(acc[nr][mi], t4);
-                }
+                kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }
 #endif  // KV_MMA_V_REGS
         }
