@@ -221,6 +221,13 @@ __device__ __forceinline__ void kv_v_token_masks(int tw0, int c, int n_tile, con
     }
 }
 
+__device__ __forceinline__ void kv_mask_v_operand(unsigned* av, const unsigned* vm) {
+    av[0] &= vm[0];
+    av[1] &= vm[0];
+    av[2] &= vm[1];
+    av[3] &= vm[1];
+}
+
 // One m-tile of O^T += V^T P^T: a fresh accumulator per row tile over the NPART parts of P^T
 // (bf16 for value codes, fp16 otherwise), then added to the running one in IEEE float32.
 template <int NPART>
@@ -637,12 +644,7 @@ __device__ __forceinline__ void kv_stage1_body(
                 kv_mma_vpair(vraw[0], vraw[1], mi, &av[0], &av[1]);
                 kv_mma_vpair(vraw[2], vraw[3], mi, &av[2], &av[3]);
 #if !KV_MMA_VCODES
-                if (v_mask) {
-                    av[0] &= vm[0];
-                    av[1] &= vm[0];
-                    av[2] &= vm[1];
-                    av[3] &= vm[1];
-                }
+                if (v_mask) kv_mask_v_operand(av, vm);
 #endif
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }
@@ -657,10 +659,7 @@ __device__ __forceinline__ void kv_stage1_body(
                 unsigned av[4];
                 kv_ldsm_x4_trans(av, vaddr + mi * 32);
 #if KV_MMA_V_DIRECT
-                av[0] &= vm[0];
-                av[1] &= vm[0];
-                av[2] &= vm[1];
-                av[3] &= vm[1];
+                kv_mask_v_operand(av, vm);
 #endif
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }
