@@ -90,3 +90,25 @@ def test_cli_without_a_gpu_says_why(capsys, monkeypatch):
         pass
     assert kvkit.cli.main(["bench", "--out", "/tmp/kvkit_bench_test"]) == 2
     assert "needs CuPy and a CUDA GPU" in capsys.readouterr().out
+
+
+def test_ab_compare_lines_up_runs_and_ratios(tmp_path):
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "ab_compare", Path(__file__).parents[1] / "scripts" / "ab_compare.py"
+    )
+    ab = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab)
+    row = dict(op="decode", B=1, T=4096, Hq=32, D=128, graph=True)
+    a = [dict(row, format="nvfp4", kvkit_ms=0.04), dict(row, format="fp16", kvkit_ms=0.03)]
+    b = [dict(row, format="nvfp4", kvkit_ms=0.03), dict(row, graph=False, format="fp16",
+                                                          kvkit_ms=9.0)]  # fmt: skip
+    for name, rows in (("a", a), ("b", b)):
+        (tmp_path / f"{name}.json").write_text(__import__("json").dumps(rows))
+    out = ab.compare([ab.load(f"a={tmp_path / 'a.json'}"), ab.load(f"b={tmp_path / 'b.json'}")])
+    lines = out.splitlines()
+    assert lines[1].split() == ["nvfp4", "B1", "T4096", "0.0400", "0.0300", "0.750"]
+    # fp16 has no graph row in b: shown as missing, not as the plain time.
+    assert lines[2].split() == ["fp16", "B1", "T4096", "0.0300", "-", "-"]
