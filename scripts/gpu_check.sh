@@ -9,7 +9,9 @@
 #     host, run in the order given (ncu and host are not in the default set: ncu = Nsight
 #     Compute on one stage-1 launch per format in NCU_FORMATS at NCU_SHAPE, occupancy / issue /
 #     throughput lines into ncu.txt; host = scripts/host_overhead.py, the host time of a plain
-#     decode call and its cProfile, into host.txt)
+#     decode call and its cProfile, into host.txt; bench80 = the decode benchmark at
+#     BENCH80_SHAPES through the sm_80 PTX override next to the native one, side by side in
+#     bench80.txt: the issue's "sm_80 path within 1.5x of native")
 #   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
 #   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
@@ -54,6 +56,12 @@ for s in $STEPS; do
                 --print-limit 20 python scripts/sanitize_targets.py ;;
     host)     step host bash -c 'timeout 120 python scripts/host_overhead.py turboquant_4bit_nc 1 4096 |
                 tee "$OUT/host.txt"' ;;
+    bench80)  step bench80 bash -c 'S=${BENCH80_SHAPES:-64x8192,1x131072}
+                timeout 200 python benchmarks/run.py --no-write --shapes $S --out "$OUT/b_native" &&
+                KVKIT_ARCH=sm_80 timeout 200 python benchmarks/run.py --no-write --shapes $S \
+                  --out "$OUT/b_sm80" &&
+                python scripts/ab_compare.py native="$OUT/b_native/bench.json" \
+                  sm80="$OUT/b_sm80/bench.json" | tee "$OUT/bench80.txt"' ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
     ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
                 for f in ${NCU_FORMATS:-turboquant_4bit_nc fp16}; do
