@@ -579,6 +579,27 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     return pp;
 }
 
+#if KV_ROTATE_Q
+// Unnormalized in-place FWHT (stages h = 1, 2, ..., D / 2) of the R query rows of D floats at
+// rows (shared memory), by the CTA's threads, a barrier after each stage.
+__device__ __forceinline__ void kv_fwht_rows(float* rows, int tid) {
+    constexpr int D = kvd::D;
+    for (int h = 1; h < D; h <<= 1) {
+        for (int p = tid; p < kvd::R * (D / 2); p += kvd::THREADS) {
+            const int r = p / (D / 2);
+            const int j = p - r * (D / 2);
+            const int i0 = ((j & ~(h - 1)) << 1) | (j & (h - 1));
+            float* row = rows + r * D;
+            const float a = row[i0];
+            const float c = row[i0 + h];
+            row[i0] = a + c;
+            row[i0 + h] = a - c;
+        }
+        __syncthreads();
+    }
+}
+#endif
+
 #if KVD_USE_MMA
 #include "common/decode_mma.cuh"
 #else
@@ -666,21 +687,8 @@ __device__ __forceinline__ void kv_stage1_body(
 #pragma unroll 1
         for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #if KV_ROTATE_Q
-        // Unnormalized FWHT of every query row (stages h = 1, 2, ..., D/2), in place; the
-        // first tiles' copies are already in flight.
-        for (int h = 1; h < D; h <<= 1) {
-            for (int p = tid; p < R * (D / 2); p += THREADS) {
-                const int r = p / (D / 2);
-                const int j = p - r * (D / 2);
-                const int i0 = ((j & ~(h - 1)) << 1) | (j & (h - 1));
-                float* row = q_s + r * D;
-                const float a = row[i0];
-                const float c = row[i0 + h];
-                row[i0] = a + c;
-                row[i0 + h] = a - c;
-            }
-            __syncthreads();
-        }
+        // The first tiles' copies are already in flight.
+        kv_fwht_rows(q_s, tid);
 #endif
 
         // Score-phase thread: token sc_t of the tile, key quads sc_k + KSPLIT * c.

@@ -391,19 +391,7 @@ __device__ __forceinline__ void kv_stage1_body(
 #pragma unroll 1
         for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #if KV_ROTATE_Q
-        for (int h = 1; h < D; h <<= 1) {
-            for (int p = tid; p < R * (D / 2); p += THREADS) {
-                const int r = p / (D / 2);
-                const int j = p - r * (D / 2);
-                const int i0 = ((j & ~(h - 1)) << 1) | (j & (h - 1));
-                float* row = qf_s + r * D;
-                const float a = row[i0];
-                const float cc = row[i0 + h];
-                row[i0] = a + cc;
-                row[i0 + h] = a - cc;
-            }
-            __syncthreads();
-        }
+        kv_fwht_rows(qf_s, tid);
 #endif
         // Row exponents: warp w scales rows w, w + 4, ...; max |q| to [2^14, 2^15).
         for (int r = warp; r < 16; r += NWM) {
