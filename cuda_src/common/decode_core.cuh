@@ -600,26 +600,25 @@ __device__ __forceinline__ void kv_fwht_rows(float* rows, int tid) {
 }
 #endif
 
+// The parameters of kv_stage1_body (either core): those of KV_DEFINE_STAGE1_KERNEL, whose
+// comments give their shapes.
+#define KV_STAGE1_BODY_PARAMS                                                                  \
+    const void *__restrict__ q, const unsigned char *__restrict__ p0, long long p0_sb,         \
+        long long p0_sh, long long p0_st, int p0_vec, const unsigned char *__restrict__ p1,    \
+        long long p1_sb, long long p1_sh, long long p1_st, int p1_vec,                         \
+        const unsigned char *__restrict__ p2, long long p2_sb, long long p2_sh,                \
+        long long p2_st, int p2_vec, const unsigned char *__restrict__ p3, long long p3_sb,    \
+        long long p3_sh, long long p3_st, int p3_vec, const int *__restrict__ block_tables,    \
+        int max_blocks, const int *__restrict__ seq_lens, int num_blocks, int block_size,      \
+        int window, float scale, float softcap, float v_out_scale, int split_stride,           \
+        float *__restrict__ m_part, float *__restrict__ l_part, float *__restrict__ acc_part,  \
+        float *__restrict__ o_out, float *__restrict__ lse_out, int *__restrict__ error_flag
+
 #if KVD_USE_MMA
 #include "common/decode_mma.cuh"
 #else
 // The stage-1 body; every entry's extern "C" kernel forwards its parameters here.
-// Parameter shapes: see the kernels in decode_dense.cu (identical for every family).
-__device__ __forceinline__ void kv_stage1_body(
-    const void* __restrict__ q,
-    const unsigned char* __restrict__ p0, long long p0_sb, long long p0_sh, long long p0_st,
-    int p0_vec,
-    const unsigned char* __restrict__ p1, long long p1_sb, long long p1_sh, long long p1_st,
-    int p1_vec,
-    const unsigned char* __restrict__ p2, long long p2_sb, long long p2_sh, long long p2_st,
-    int p2_vec,
-    const unsigned char* __restrict__ p3, long long p3_sb, long long p3_sh, long long p3_st,
-    int p3_vec,
-    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
-    int num_blocks, int block_size, int window, float scale, float softcap, float v_out_scale,
-    int split_stride, float* __restrict__ m_part, float* __restrict__ l_part,
-    float* __restrict__ acc_part, float* __restrict__ o_out, float* __restrict__ lse_out,
-    int* __restrict__ error_flag) {
+__device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     using namespace kvd;
     extern __shared__ __align__(16) unsigned char kv_smem[];
     float* q_s = reinterpret_cast<float*>(kv_smem + OFF_Q);

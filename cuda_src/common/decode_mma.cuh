@@ -290,22 +290,8 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
 #endif
 }
 
-// The stage-1 body on tensor cores; parameters as in decode_dense.cu.
-__device__ __forceinline__ void kv_stage1_body(
-    const void* __restrict__ q,
-    const unsigned char* __restrict__ p0, long long p0_sb, long long p0_sh, long long p0_st,
-    int p0_vec,
-    const unsigned char* __restrict__ p1, long long p1_sb, long long p1_sh, long long p1_st,
-    int p1_vec,
-    const unsigned char* __restrict__ p2, long long p2_sb, long long p2_sh, long long p2_st,
-    int p2_vec,
-    const unsigned char* __restrict__ p3, long long p3_sb, long long p3_sh, long long p3_st,
-    int p3_vec,
-    const int* __restrict__ block_tables, int max_blocks, const int* __restrict__ seq_lens,
-    int num_blocks, int block_size, int window, float scale, float softcap, float v_out_scale,
-    int split_stride, float* __restrict__ m_part, float* __restrict__ l_part,
-    float* __restrict__ acc_part, float* __restrict__ o_out, float* __restrict__ lse_out,
-    int* __restrict__ error_flag) {
+// The stage-1 body on tensor cores (parameters: KV_STAGE1_BODY_PARAMS).
+__device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     using namespace kvm;
     using kvd::NP;
     using kvd::STAGE_BYTES;
