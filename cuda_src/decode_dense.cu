@@ -72,12 +72,6 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
     *h1 = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(p + 8));
     *l0 = *l1 = 0u;
 }
-// V elements d8..d8+7 (8-byte aligned: staged rows are 16-byte aligned).
-__device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
-    const uint2 w = *reinterpret_cast<const uint2*>(rows[1] + d8);
-    return make_uint4(kv_dc_e4m3x2_f16x2(w.x & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.x >> 16),
-                      kv_dc_e4m3x2_f16x2(w.y & 0xFFFFu), kv_dc_e4m3x2_f16x2(w.y >> 16));
-}
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
 // bytes at byte VPL g of the staged row (16-byte aligned rows, so VPL-aligned loads).
 #define KV_MMA_V_REGS 1

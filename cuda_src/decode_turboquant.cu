@@ -154,30 +154,6 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 // Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code
 // and zero sums do not cancel (float32 error stays relative to the values, not to zero).
 #define KV_MMA_VCODE_OFFSET (1 << (TQ_VALUE_BITS - 1))
-// Codes of V elements d8..d8+7 as bf16 (c - offset).
-__device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {
-    constexpr unsigned M = (1u << TQ_VALUE_BITS) - 1u;
-    constexpr int B = TQ_VALUE_BITS;
-    if constexpr (B == 4) {
-        // 8 codes in one word (two 2-byte loads: slab rows are 2-byte aligned); even codes
-        // in the bytes of lo, odd ones in the bytes of hi; PRMT pairs them per half.
-        const unsigned short* p =
-            reinterpret_cast<const unsigned short*>(rows[0] + TQ_VALUE_OFFSET + (d8 >> 1));
-        const unsigned w = (unsigned)p[0] | ((unsigned)p[1] << 16);
-        const unsigned lo = w & 0x0F0F0F0Fu;
-        const unsigned hi = (w >> 4) & 0x0F0F0F0Fu;
-        return make_uint4(kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0400)),
-                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0501)),
-                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0602)),
-                          kv_codes_bf16x2_pair<KV_MMA_VCODE_OFFSET>(__byte_perm(lo, hi, 0x0703)));
-    }
-    const unsigned a = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8);
-    const unsigned c = kv_dc_codes4<B>(rows[0] + TQ_VALUE_OFFSET, d8 + 4);
-    return make_uint4(kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(a & M, (a >> B) & M),
-                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>((a >> (2 * B)) & M, (a >> (3 * B)) & M),
-                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>(c & M, (c >> B) & M),
-                      kv_codes_bf16x2<KV_MMA_VCODE_OFFSET>((c >> (2 * B)) & M, (c >> (3 * B)) & M));
-}
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
 // contiguous codes, VPL * bits <= 64 bits per token (the tensor-core core's D <= 128).
 #if KV_HEAD_DIM <= 128
@@ -208,8 +184,8 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     raw[0] = (unsigned)x;
     raw[1] = (unsigned)(x >> 32);
 }
-// Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), centred
-// bf16 as kv_mma_v8.
+// Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
+// bf16 of c - KV_MMA_VCODE_OFFSET.
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;

@@ -174,29 +174,9 @@ __device__ __forceinline__ float kv_pow2(int e) { return __int_as_float((e + 127
 // floor(log2(x)) for a finite x > 0 (subnormals report -127).
 __device__ __forceinline__ int kv_ilog2(float x) { return (int)((__float_as_uint(x) >> 23) & 0xFFu) - 127; }
 
-// Two integer codes c (< 128) -> bf16x2 of c - OFF (OFF < 128): 128 + c has c in its
-// mantissa, and 128 + OFF is exact in bf16. _pair: c0 in bits 0..7 and c1 in bits 16..23 of
-// x (bits 8..15 and 24..31 are ignored).
-template <unsigned OFF>
-__device__ __forceinline__ unsigned kv_codes_bf16x2_pair(unsigned x) {
-    x = (x & 0x00FF00FFu) | 0x43004300u;
-    constexpr unsigned NEG = 0xC300u | OFF;  // -(128 + OFF)
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
-    return r;
-}
-template <unsigned OFF>
-__device__ __forceinline__ unsigned kv_codes_bf16x2(unsigned c0, unsigned c1) {
-    const unsigned x = (c0 | (c1 << 16)) | 0x43004300u;
-    constexpr unsigned NEG = 0xC300u | OFF;  // -(128 + OFF)
-    unsigned r;
-    // x * 1 - (128 + OFF), exact (fma.rn.bf16x2: sm_80+; bf16 1.0 = 0x3F80).
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
-    return r;
-}
-
 // The codes in the fields MM of x (c0 from bits 0.., c1 from bits 16..; MM selects at most
-// 7 bits per half) -> bf16x2 of c - OFF, as kv_codes_bf16x2.
+// 7 bits per half) -> bf16x2 of c - OFF (OFF < 128), exactly: 128 + c has c in its mantissa
+// (bf16 0x4300 | c), and x * 1 - (128 + OFF) by fma.rn.bf16x2 (sm_80+) is exact.
 template <unsigned OFF, unsigned MM>
 __device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
     static_assert((MM & 0xFF80FF80u) == 0u, "codes below 128");

@@ -50,7 +50,8 @@
 //   kv_mma_k4(rows, ks, c, tab, &h0, &h1, &l0, &l1): key elements 16 ks + 2c, +1 (h0) and
 //                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2 (lo parts l0, l1)
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
-//   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs
+//   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs (families
+//                     with neither direct nor register V: NVFP4 at D = 96)
 //   KV_MMA_V_REGS     1: the V operand straight from the staged rows into registers, with
 //                     the PV mma's M (output dims) permuted so a lane's dims are contiguous:
 //                     kv_mma_vload(rows, g, raw) loads one token's dims VPL g .. VPL g +
@@ -248,6 +249,7 @@ __device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* 
     }
 }
 
+#if !KV_MMA_V_REGS
 // The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
 // bf16 codes), as the shared address ldmatrix.trans lane `lane` passes for the first two
 // n-tiles (+16 bytes per n-tile after that): rows (lane % 8) + 8 ((lane / 8) % 2), dims
@@ -289,6 +291,7 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
     return kv_smem_addr(vt + lrow * kvm::VSTR + lcol);
 #endif
 }
+#endif  // !KV_MMA_V_REGS
 
 // The stage-1 body on tensor cores (parameters: KV_STAGE1_BODY_PARAMS).
 __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
