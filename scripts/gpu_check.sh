@@ -8,7 +8,8 @@
 #   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench ncu
 #     host, run in the order given (ncu and host are not in the default set: ncu = Nsight
 #     Compute on one stage-1 launch per format in NCU_FORMATS at NCU_SHAPE, occupancy / issue /
-#     throughput lines into ncu.txt; host = scripts/host_overhead.py, the host time of a plain
+#     throughput lines into ncu.txt, and per format the SASS source counters and details in
+#     ncu.tgz for scripts/ncu_sass.py; host = scripts/host_overhead.py, the host time of a plain
 #     decode call and its cProfile, into host.txt; bench80 = the decode benchmark at
 #     BENCH80_SHAPES through the sm_80 PTX override next to the native one, side by side in
 #     bench80.txt: the issue's "sm_80 path within 1.5x of native")
@@ -64,14 +65,21 @@ for s in $STEPS; do
                   sm80="$OUT/b_sm80/bench.json" | tee "$OUT/bench80.txt"' ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
     ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+                W=$(mktemp -d)
                 for f in ${NCU_FORMATS:-turboquant_4bit_nc fp16}; do
                   echo "== $f ${NCU_SHAPE:-64 8192}"
                   timeout "${T_NCU:-120}" "$NCU" --kernel-name regex:stage1 --launch-skip 2 \
                     --launch-count 1 --section SpeedOfLight --section Occupancy \
                     --section WarpStateStats --section SchedulerStats --section LaunchStats \
-                    python scripts/profile_decode.py "$f" ${NCU_SHAPE:-64 8192} 2>&1 |
-                    grep -E "Duration|Throughput|Registers Per|Dynamic Shared|Achieved|Theoretical Occ|Issued|Eligible|Active Warps|Grid Size|Waves|splits"
-                done | tee "$OUT/ncu.txt"' ;;
+                    --section InstructionStats --section SourceCounters -o "$W/$f" -f \
+                    python scripts/profile_decode.py "$f" ${NCU_SHAPE:-64 8192} > "$W/$f.log" 2>&1
+                  "$NCU" -i "$W/$f.ncu-rep" --print-details all > "$W/$f.details.txt" 2>&1
+                  "$NCU" -i "$W/$f.ncu-rep" --page source --csv --print-source sass \
+                    > "$W/$f.sass.csv" 2>&1
+                  grep -E "Duration|Throughput|Registers Per|Dynamic Shared|Achieved|Theoretical Occ|Issued|Eligible|Active Warps|Grid Size|Waves|Executed Instructions  " \
+                    "$W/$f.details.txt"
+                done | tee "$OUT/ncu.txt"
+                (cd "$W" && tar czf "$OUT/ncu.tgz" *.sass.csv *.details.txt) && rm -rf "$W"' ;;
   esac
 done
 
