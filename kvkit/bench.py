@@ -49,8 +49,22 @@ class Shape:
     D: int = 128
 
     def label(self) -> str:
-        extra = "" if (self.Hq, self.Hkv, self.D) == (32, 8, 128) else f" Hq{self.Hq} D{self.D}"
-        return f"B{self.B} T{self.T}{extra}"
+        return shape_label(self.B, self.T, self.Hq, self.Hkv, self.D)
+
+
+def shape_label(B: int, T: int, Hq=32, Hkv=8, D=128, eq: str = "") -> str:
+    """"B64 T8192", plus " D64" / " Hq128" / " Hkv4" where they differ from the main set (a
+    None field is left out); eq="=" gives "B=64 T=8192 D=64"."""
+    label = f"B{eq}{B} T{eq}{T}"
+    for name, value, main in (("D", D, 128), ("Hq", Hq, 32), ("Hkv", Hkv, 8)):
+        if value is not None and value != main:
+            label += f" {name}{eq}{value}"
+    return label
+
+
+def row_label(row: dict, eq: str = "") -> str:
+    """shape_label of a bench row (bench.json)."""
+    return shape_label(row["B"], row["T"], row["Hq"], row["Hkv"], row["D"], eq)
 
 
 #: Decode steps whose CUDA-graph replay is the latency target (B=1 and B=8 at T=4096).
@@ -114,6 +128,12 @@ def time_ms(fn, reps: int, warmup: int = 3) -> float:
 GRAPH_STEPS = 8
 
 
+def _graph_calls(steps: int, slots: int) -> int:
+    """Calls per graph: at least ``steps``, a multiple of ``slots`` (each rotation slot as
+    often as the others, consecutive calls on different slots)."""
+    return -(-max(steps, slots) // slots) * slots
+
+
 def graph_ms(fn, reps: int, slots: int = 1, steps: int = GRAPH_STEPS) -> float | None:
     """Median milliseconds per call of a CUDA-graph replay: one graph captures ``steps``
     calls fn(0), fn(1), ... (a multiple of ``slots``, so rotated inputs stay rotated; call
@@ -123,8 +143,7 @@ def graph_ms(fn, reps: int, slots: int = 1, steps: int = GRAPH_STEPS) -> float |
     fn(j) must not allocate: decode steps run through a ``kvkit.DecodePlan``."""
     import cupy as cp
 
-    n = max(steps, slots)
-    n = -(-n // slots) * slots
+    n = _graph_calls(steps, slots)
     stream = cp.cuda.Stream(non_blocking=True)
     try:
         with stream:
@@ -146,8 +165,7 @@ def torch_graph_ms(fn, reps: int, slots: int = 1, steps: int = GRAPH_STEPS) -> f
     """graph_ms for a torch callable (torch.cuda.CUDAGraph), timed with torch events."""
     import torch
 
-    n = max(steps, slots)
-    n = -(-n // slots) * slots
+    n = _graph_calls(steps, slots)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -339,9 +357,10 @@ def print_table(rows) -> None:
     print(f"\n{'op':<6} {'format':<19} {'shape':<22} {'graph':<5} {'ms':>8} {'sdpa ms':>8} "
           f"{'TB/s':>6} {'%copy':>6} {'sdpa/kvkit':>10}")  # fmt: skip
     for r in rows:
-        shape = f"B{r['B']} T{r['T']}" + ("" if r["D"] == 128 else f" D{r['D']}")
-        if r["Hq"] not in (None, 32):
-            shape += f" Hq{r['Hq']}"
+        if r["op"] == "decode":
+            shape = row_label(r)
+        else:
+            shape = f"{r['B'] * r['T'] * r['Hkv']} token-heads"
         sd = r["sdpa_fp16_ms"]
         ratio = f"{sd / r['kvkit_ms']:.2f}x" if sd else "-"
         print(
@@ -355,14 +374,6 @@ def print_table(rows) -> None:
 def markdown_tables(rows) -> str:
     """BENCHMARKS.md tables from bench rows: decode (plain and graph side by side, with the
     SDPA time measured the same way) and write."""
-
-    def shape_of(r):
-        label = f"B={r['B']} T={r['T']}"
-        if r["D"] != 128:
-            label += f" D={r['D']}"
-        if r["Hq"] not in (None, 32):
-            label += f" Hq={r['Hq']}"
-        return label
 
     def num(x, fmt):
         return "-" if x is None else format(x, fmt)
@@ -385,7 +396,7 @@ def markdown_tables(rows) -> str:
         times = [num(r and r[key], ".4f") for key in ("kvkit_ms", "sdpa_fp16_ms")
                  for r in (plain, gr)]  # fmt: skip
         out.append(
-            f"| {ref['format']} | {shape_of(ref)} | {times[0]} | {times[1]} | {times[2]} "
+            f"| {ref['format']} | {row_label(ref, '=')} | {times[0]} | {times[1]} | {times[2]} "
             f"| {times[3]} | {ref['effective_TBps']:.2f} "
             f"| {100 * ref['effective_TBps'] / ref['copy_TBps']:.1f} | {ratio or '-'} |"
         )

@@ -49,7 +49,8 @@ case $cmd in
       echo "$name bench rc=$?"
       [ -f "$OUT/$name/bench.json" ] && specs+=("$name=$OUT/$name/bench.json")
     done
-    [ ${#specs[@]} -gt 0 ] && python scripts/ab_compare.py "${specs[@]}" | tee "$OUT/ab.txt" ;;
+    [ ${#specs[@]} -gt 0 ] && PYTHONPATH=. python scripts/ab_compare.py "${specs[@]}" |
+      tee "$OUT/ab.txt" ;;
   clean)
     rm -rf ab ;;
   *)

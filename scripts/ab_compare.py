@@ -13,6 +13,8 @@ import json
 import sys
 from pathlib import Path
 
+from kvkit.bench import shape_label
+
 
 def load(spec: str) -> tuple[str, dict]:
     name, _, path = spec.partition("=")
@@ -22,7 +24,7 @@ def load(spec: str) -> tuple[str, dict]:
     table = {}
     for r in rows:
         if r["op"] == "decode" and r["graph"]:
-            table[(r["format"], r["B"], r["T"], r["Hq"], r["D"])] = r["kvkit_ms"]
+            table[(r["format"], r["B"], r["T"], r["Hq"], r["Hkv"], r["D"])] = r["kvkit_ms"]
     return name, table
 
 
@@ -31,8 +33,8 @@ def compare(runs: list[tuple[str, dict]]) -> str:
     head = f"{'format':<20} {'shape':<22}" + "".join(f" {name:>12}" for name, _ in runs)
     lines = [head + "".join(f" {name + '/' + runs[0][0]:>14}" for name, _ in runs[1:])]
     for key in keys:
-        fmt, b, t, hq, d = key
-        shape = f"B{b} T{t}" + ("" if d == 128 else f" D{d}") + ("" if hq == 32 else f" Hq{hq}")
+        fmt, b, t, hq, hkv, d = key
+        shape = shape_label(b, t, hq, hkv, d)
         vals = [table.get(key) for _, table in runs]
         line = f"{fmt:<20} {shape:<22}" + "".join(
             f" {v:12.4f}" if v is not None else f" {'-':>12}" for v in vals

@@ -23,6 +23,15 @@ def test_shape_set_is_the_published_one():
     }  # fmt: skip
 
 
+def test_shape_labels_name_only_what_differs_from_the_main_set():
+    assert bench.shape_label(64, 8192) == "B64 T8192"
+    assert bench.shape_label(32, 4096, Hq=128, D=64) == "B32 T4096 D64 Hq128"
+    assert bench.shape_label(1, 4096, Hkv=4, eq="=") == "B=1 T=4096 Hkv=4"
+    assert bench.Shape(32, 4096, D=256).label() == "B32 T4096 D256"
+    row = dict(B=524288, T=1, Hq=None, Hkv=8, D=128)  # a write row: no query heads
+    assert bench.row_label(row) == "B524288 T1"
+
+
 def test_shapes_option_parses_short_and_full_forms():
     shapes = bench.parse_shapes("64x8192, 1x131072,32x4096x32x8x256")
     assert [(s.B, s.T, s.Hq, s.Hkv, s.D) for s in shapes] == [
@@ -101,7 +110,7 @@ def test_ab_compare_lines_up_runs_and_ratios(tmp_path):
     )
     ab = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ab)
-    row = dict(op="decode", B=1, T=4096, Hq=32, D=128, graph=True)
+    row = dict(op="decode", B=1, T=4096, Hq=32, Hkv=8, D=128, graph=True)
     a = [dict(row, format="nvfp4", kvkit_ms=0.04), dict(row, format="fp16", kvkit_ms=0.03)]
     b = [dict(row, format="nvfp4", kvkit_ms=0.03), dict(row, graph=False, format="fp16",
                                                           kvkit_ms=9.0)]  # fmt: skip

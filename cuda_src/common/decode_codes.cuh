@@ -159,7 +159,9 @@ __device__ __forceinline__ unsigned kv_pack_f16x2(float lo, float hi) {
 __device__ __forceinline__ float kv_f16_lo(unsigned h2) {
     return kv_dc_f16((unsigned short)(h2 & 0xFFFFu));
 }
-__device__ __forceinline__ float kv_f16_hi(unsigned h2) { return kv_dc_f16((unsigned short)(h2 >> 16)); }
+__device__ __forceinline__ float kv_f16_hi(unsigned h2) {
+    return kv_dc_f16((unsigned short)(h2 >> 16));
+}
 
 // x = hi + lo (two fp16x2 words) for the pair (x0, x1).
 __device__ __forceinline__ void kv_split_f16x2(float x0, float x1, unsigned* hi, unsigned* lo) {
@@ -172,7 +174,9 @@ __device__ __forceinline__ void kv_split_f16x2(float x0, float x1, unsigned* hi,
 __device__ __forceinline__ float kv_pow2(int e) { return __int_as_float((e + 127) << 23); }
 
 // floor(log2(x)) for a finite x > 0 (subnormals report -127).
-__device__ __forceinline__ int kv_ilog2(float x) { return (int)((__float_as_uint(x) >> 23) & 0xFFu) - 127; }
+__device__ __forceinline__ int kv_ilog2(float x) {
+    return (int)((__float_as_uint(x) >> 23) & 0xFFu) - 127;
+}
 
 // The codes in the fields MM of x (c0 from bits 0.., c1 from bits 16..; MM selects at most
 // 7 bits per half) -> bf16x2 of c - OFF (OFF < 128), exactly: 128 + c has c in its mantissa
@@ -183,6 +187,8 @@ __device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
     x = (x & MM) | 0x43004300u;
     constexpr unsigned NEG = 0xC300u | OFF;  // -(128 + OFF)
     unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;"
+        : "=r"(r)
+        : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
     return r;
 }

@@ -518,9 +518,9 @@ struct KvTilePipe {
 // The pipeline of CTA (split, kvh, b) = blockIdx; sets flag bit 4 for a bad seq_len (split 0,
 // thread 0) and returns seq_len (the masks need it).
 __device__ __forceinline__ KvTilePipe kv_make_pipe(
-    int p0_vec, int p1_vec, int p2_vec, int p3_vec, const int* block_tables, int max_blocks, const int* seq_lens, int num_blocks,
-    int block_size, int window, int* error_flag, int* tp_ring, unsigned char* stg,
-    int* seq_len_out) {
+    int p0_vec, int p1_vec, int p2_vec, int p3_vec, const int* block_tables, int max_blocks,
+    const int* seq_lens, int num_blocks, int block_size, int window, int* error_flag,
+    int* tp_ring, unsigned char* stg, int* seq_len_out) {
     KvTilePipe pp;
     const int split = blockIdx.x;
     const int b = blockIdx.z;

@@ -343,7 +343,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
-        for (int mi = 0; mi < MT; ++mi) acc[nr][mi][0] = acc[nr][mi][1] = acc[nr][mi][2] = acc[nr][mi][3] = 0.f;
+        for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+            for (int i = 0; i < 4; ++i) acc[nr][mi][i] = 0.f;
+        }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
             m_r[nr][j] = kv_neg_inf();
