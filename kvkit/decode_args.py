@@ -101,7 +101,7 @@ def check_decode_shapes(
     if num_splits is not None:
         check_int("num_splits", num_splits, 1)
         if num_splits > MAX_SPLITS:
-            # Same bound as the CUDA backend, whose grid is static at MAX_SPLITS.
+            # Same bound on both backends (the CUDA heuristic's cap).
             raise ValueError(f"num_splits must be <= MAX_SPLITS={MAX_SPLITS}, got {num_splits}")
     if window is not None:
         check_int("window", window, 1)

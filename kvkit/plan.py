@@ -77,7 +77,8 @@ class DecodePlan:
                 self.sinks = cupy.ascontiguousarray(as_cupy(sinks, "sinks")[0], dtype=cupy.float32)
             self.workspace = cuda_decode.DecodeWorkspace(batch, q_len, num_heads, layer.head_dim)
             if self.num_splits > 1 or sinks is not None:
-                self.workspace.partials()  # allocate now: none may happen inside a capture
+                # Allocate now: none may happen inside a capture.
+                self.workspace.partials(self.num_splits)
 
     @property
     def o(self):

@@ -11,12 +11,13 @@ from kvkit._checks import check_int
 
 __all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
 
-#: Upper bound on splits per (sequence, KV head). The CUDA stage-1 grid and the partial
-#: (m, l, acc) buffers are sized by this constant rather than by the run-time heuristic, so a
-#: decode step captured in a CUDA graph stays valid when batch or lengths change between
-#: replays. 32 splits already turn a single sequence on one KV head into 32 work items, which
-#: with the KV heads of any real model fills a 132-SM H200; more would only grow the merge.
-MAX_SPLITS = 32
+#: Upper bound on splits per (sequence, KV head). The split count depends only on shapes
+#: (batch, heads, max_blocks * block_size, never the device-side seq_lens), so a planned step
+#: (kvkit.DecodePlan) keeps its grid and partial buffers across CUDA-graph replays. One
+#: sequence with 8 KV heads on an H200 (132 SMs x 4 resident stage-1 CTAs) wants 132 splits
+#: for two waves; a cap of 32 left half the CTA slots empty at B = 1 (256 CTAs, measured
+#: 16-21% of copy bandwidth at (1, 131072)).
+MAX_SPLITS = 128
 
 #: Work items per worker the heuristic aims for: more than one wave hides the tail of
 #: uneven sequence lengths, more than a few only adds merge traffic.
@@ -71,12 +72,15 @@ def choose_num_splits(
     *,
     num_workers: int,
     max_splits: int = MAX_SPLITS,
+    min_split_tokens: int = 1,
 ) -> int:
     """Number of splits per (sequence, KV head) for one decode step.
 
     Aims for about `_TARGET_WAVES` waves of (batch x kv_head x split) work items over
     `num_workers` (SMs on CUDA, threads on CPU), never more splits than max_seq_len has
-    pages (a split without a page is pure merge overhead) and never more than max_splits.
+    pages (a split without a page is pure merge overhead), never a split of fewer than
+    min_split_tokens tokens' worth of whole pages (a CUDA CTA works in tiles of that many
+    tokens: a smaller split leaves part of its tile idle) and never more than max_splits.
     The count is then trimmed so that the last split is not empty given the page rounding of
     `split_page_range`.
 
@@ -86,7 +90,10 @@ def choose_num_splits(
         max_seq_len: int >= 0, longest sequence of the step in tokens.
         block_size: int >= 1, tokens per page.
         num_workers: int >= 1, parallel workers to fill.
-        max_splits: int >= 1, the static cap (the CUDA grid is sized by it).
+        max_splits: int >= 1, the cap (the partial buffers' split axis is sized by it).
+        min_split_tokens: int >= 1, the least tokens per split worth launching; splits
+            hold whole pages, so the cap is ceil(n_pages / ceil(min_split_tokens /
+            block_size)).
 
     Returns:
         int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
@@ -97,11 +104,13 @@ def choose_num_splits(
     block_size = check_int("block_size", block_size, 1)
     num_workers = check_int("num_workers", num_workers, 1)
     max_splits = check_int("max_splits", max_splits, 1)
+    min_split_tokens = check_int("min_split_tokens", min_split_tokens, 1)
 
     n_pages = max(1, -(-max_seq_len // block_size))
     items = batch * num_kv_heads
     wanted = -(-(_TARGET_WAVES * num_workers) // items)
-    splits = max(1, min(wanted, max_splits, n_pages))
+    pages_per_unit = -(-min_split_tokens // block_size)
+    splits = max(1, min(wanted, max_splits, -(-n_pages // pages_per_unit)))
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
     # in 6 splits gives 2 pages per split and only 5 non-empty ones: return the 5.
     pages_per_split = -(-n_pages // splits)

@@ -59,8 +59,8 @@ def main(argv: list[str]) -> int:
     real_stage1_for, real_merge = cuda_decode._stage1_for, cuda_decode._merge_kernel
 
     def stage1_for(*a, **k):
-        func, smem, threads = real_stage1_for(*a, **k)
-        return _Recorder(func), smem, threads
+        func, *launch_facts = real_stage1_for(*a, **k)
+        return (_Recorder(func), *launch_facts)
 
     cuda_decode._stage1_for = stage1_for
     cuda_decode._merge_kernel = lambda name: _Recorder(real_merge(name))

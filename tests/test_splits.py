@@ -74,8 +74,11 @@ def test_choose_num_splits_bounds(batch, num_kv_heads, max_seq_len, block_size, 
 
 
 def test_choose_num_splits_fills_workers():
-    # One sequence, 8 KV heads on 132 SMs: split as far as the cap allows.
-    assert choose_num_splits(1, 8, 32768, 16, num_workers=132) == MAX_SPLITS
+    # One sequence, 8 KV heads on 132 SMs: 2 waves want ceil(264 / 8) = 33 splits (2048
+    # pages in 33 splits of 63 pages: all 33 non-empty).
+    assert choose_num_splits(1, 8, 32768, 16, num_workers=132) == 33
+    # On 132 SMs x 4 resident CTAs the 132 wanted splits meet the cap.
+    assert choose_num_splits(1, 8, 32768, 16, num_workers=528) == MAX_SPLITS == 128
     # A big batch already fills the machine: no split.
     assert choose_num_splits(256, 8, 32768, 16, num_workers=132) == 1
     # Never more splits than pages.
@@ -83,6 +86,19 @@ def test_choose_num_splits_fills_workers():
     assert choose_num_splits(1, 1, 0, 16, num_workers=132) == 1
     # A middle case: 64 items want 5 splits for 2 waves over 132 workers.
     assert choose_num_splits(8, 8, 32768, 16, num_workers=132) == 5
+
+
+def test_choose_num_splits_keeps_a_tile_per_split():
+    # 4096 tokens in pages of 16 on 528 workers want 132 splits; with at least 64 tokens
+    # (4 pages) per split there are 256 / 4 = 64.
+    assert choose_num_splits(1, 8, 4096, 16, num_workers=528) == 128
+    assert choose_num_splits(1, 8, 4096, 16, num_workers=528, min_split_tokens=64) == 64
+    # Pages larger than the tile: the page is the unit (256 pages of 64 tokens).
+    assert choose_num_splits(1, 8, 16384, 64, num_workers=528, min_split_tokens=64) == 128
+    # 100 pages of 16 in units of 4 pages: at most 25 splits.
+    assert choose_num_splits(1, 1, 1600, 16, num_workers=528, min_split_tokens=64) == 25
+    with pytest.raises(ValueError, match="min_split_tokens"):
+        choose_num_splits(1, 8, 100, 16, num_workers=4, min_split_tokens=0)
 
 
 def test_choose_num_splits_rejects_bad_arguments():

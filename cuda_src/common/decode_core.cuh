@@ -932,14 +932,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 }
 #endif  // KVD_USE_MMA
 
-// Launch facts of this module's stage-1 kernel: dynamic shared bytes, threads per CTA. The
-// launcher reads them once per module (cupy RawModule.get_global), so host and device can
-// never disagree.
+// Launch facts of this module's stage-1 kernel: dynamic shared bytes, threads per CTA, tokens
+// per tile (the split heuristic's least split). The launcher reads them once per module
+// (cupy RawModule.get_global), so host and device can never disagree.
 extern "C" {
 #if KVD_USE_MMA
-__device__ int kv_decode_launch[2] = {kvm::SMEM, kvd::THREADS};
+__device__ int kv_decode_launch[3] = {kvm::SMEM, kvd::THREADS, kvd::TILE};
 #else
-__device__ int kv_decode_launch[2] = {kvd::SMEM, kvd::THREADS};
+__device__ int kv_decode_launch[3] = {kvd::SMEM, kvd::THREADS, kvd::TILE};
 #endif
 }
 

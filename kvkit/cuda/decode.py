@@ -10,8 +10,8 @@ stage                  kernel (entry)                               launch
 1, nvfp4*              ``kv_decode_nvfp4_stage1`` (decode_nvfp4.cu) threads and dynamic shared
 1, turboquant_*        ``kv_decode_turboquant_stage1``              bytes from the module's
                        (decode_turboquant.cu)                       ``kv_decode_launch``
-2                      ``kv_decode_merge_splits`` (decode_merge.cu) 1 warp per (b, i, h) row,
-                                                                    4 warps per CTA
+2                      ``kv_decode_merge_splits`` (decode_merge.cu) 1 CTA per (b, i, h) row,
+                                                                    min(4, splits) warps
 =====================  ===========================================  ===========================
 
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
@@ -22,8 +22,9 @@ from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 (every format
 ``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides the staging budget
 per CTA, for tuning sweeps). With one split and no sinks stage 1 writes o and lse
 itself (no stage 2). Splits follow
-``kvkit.splits.page_range``; the partial buffers have a split axis of ``MAX_SPLITS`` so the
-grid and the buffers do not depend on sequence lengths. Global scales fold into the softmax
+``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
+seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
+split axis is that count. Global scales fold into the softmax
 scale (K) and into the partial accumulators (V), see ``stage1_scales``.
 
 Stage-1 defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (query: 0 float32, 1 float16,
@@ -160,7 +161,8 @@ _stage1_cache: dict[tuple, tuple[object, int, int]] = {}
 
 
 def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
-    """(kernel function, dynamic shared bytes, threads) for one stage-1 module, set up once."""
+    """(kernel function, dynamic shared bytes, threads, tile tokens) for one stage-1 module,
+    set up once."""
     import cupy
 
     key = (
@@ -175,8 +177,8 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     module = get_module(entry, defines)
     func = module.get_function(name)
     # The kernel's own layout size and CTA size, from the module (one small copy, once).
-    launch = cupy.ndarray((2,), cupy.int32, memptr=module.get_global("kv_decode_launch")).get()
-    smem, threads = int(launch[0]), int(launch[1])
+    launch = cupy.ndarray((3,), cupy.int32, memptr=module.get_global("kv_decode_launch")).get()
+    smem, threads, tile = int(launch[0]), int(launch[1]), int(launch[2])
     _, smem_max = _device_limits()
     if smem > smem_max:
         raise ValueError(
@@ -187,14 +189,15 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     if smem > 48 * 1024:
         # CuPy's RawKernel sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES through this.
         func.max_dynamic_shared_size_bytes = smem
-    _stage1_cache[key] = (func, smem, threads)
-    return func, smem, threads
+    _stage1_cache[key] = (func, smem, threads, tile)
+    return func, smem, threads, tile
 
 
-#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len) -> (fmt, kernel, shared bytes, threads). A key
+#: (device, KVKIT_ARCH, id(fmt), q define, G, q_len, ...) -> (fmt, kernel, shared bytes, threads,
+#: tile tokens). A key
 #: built from the defines themselves (TurboQuant's codebook and signs as text) costs more to
 #: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
-_stage1_fast: dict[tuple, tuple[object, object, int, int]] = {}
+_stage1_fast: dict[tuple, tuple[object, object, int, int, int]] = {}
 
 
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
@@ -219,9 +222,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if stage_kb:
         # The cp.async staging budget per CTA (tuning sweeps; default in decode_core.cuh).
         defines["KVD_STAGE_BUDGET_KB"] = stage_kb
-    func, smem, threads = _stage1_kernel(entry, kname, defines)
-    _stage1_fast[key] = (fmt, func, smem, threads)  # holds fmt, so its id is not reused
-    return func, smem, threads
+    func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
+    _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
+    return func, smem, threads, tile
 
 
 _merge_cache: dict[tuple, object] = {}
@@ -376,9 +379,9 @@ def decode(
     if batch == 0:
         return o, lse
 
-    func, smem, threads = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads, tile = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     if num_splits is None:
-        num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem)
+        num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
 
     planes = []
     for pname in plane_names:
@@ -396,49 +399,56 @@ def decode(
             q, *planes,
             block_tables, np.int32(max_blocks), seq_lens,
             np.int32(layer.num_blocks), np.int32(bs), np.int32(window),
-            k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
+            k_fold, np.float32(softcap), v_fold, np.int32(1),
             null, null, null, o, lse, layer.error_flag,
         )  # fmt: skip
         func((1, hkv, batch), (threads,), args, shared_mem=smem)
         return o, lse
 
     if workspace is not None:
-        m_part, l_part, acc_part = workspace.partials()
+        m_part, l_part, acc_part = workspace.partials(num_splits)
     else:
-        m_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
-        l_part = cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32)
-        acc_part = cupy.empty((rows, MAX_SPLITS, head_dim), dtype=cupy.float32)
+        m_part = cupy.empty((rows, num_splits), dtype=cupy.float32)
+        l_part = cupy.empty((rows, num_splits), dtype=cupy.float32)
+        acc_part = cupy.empty((rows, num_splits, head_dim), dtype=cupy.float32)
+    split_stride = np.int32(m_part.shape[1])
     args = (
         q, *planes,
         block_tables, np.int32(max_blocks), seq_lens,
         np.int32(layer.num_blocks), np.int32(bs), np.int32(window),
-        k_fold, np.float32(softcap), v_fold, np.int32(MAX_SPLITS),
+        k_fold, np.float32(softcap), v_fold, split_stride,
         m_part, l_part, acc_part, np.uint64(0), np.uint64(0), layer.error_flag,
     )  # fmt: skip
     func((num_splits, hkv, batch), (threads,), args, shared_mem=smem)
 
+    # Stage 2: one CTA per row, its warps taking the splits round-robin.
+    warps = min(MERGE_WARPS, num_splits)
     merge = _merge_kernel("kv_decode_merge_splits")
     merge(
-        (-(-rows // MERGE_WARPS),), (MERGE_WARPS * 32,),
+        (rows,), (warps * 32,),
         (
             m_part, l_part, acc_part,
             np.uint64(0) if sinks is None else sinks,
             np.int64(rows), np.int32(num_heads), np.int32(head_dim),
-            np.int32(num_splits), np.int32(MAX_SPLITS), o, lse,
+            np.int32(num_splits), split_stride, o, lse,
         ),
+        shared_mem=4 * (warps * head_dim + num_splits),
     )  # fmt: skip
     return o, lse
 
 
-def _default_splits(layer, batch: int, max_blocks: int, func, threads: int, smem: int) -> int:
-    """The split heuristic over this device: SMs x resident stage-1 CTAs as workers, and
-    max_blocks * block_size as the length (no host read of seq_lens)."""
+def _default_splits(
+    layer, batch: int, max_blocks: int, func, threads: int, smem: int, tile: int
+) -> int:
+    """The split heuristic over this device: SMs x resident stage-1 CTAs as workers,
+    max_blocks * block_size as the length (no host read of seq_lens), a tile of tokens as
+    the least split."""
     sms, _ = _device_limits()
     bs = layer.block_size
     return choose_num_splits(
         batch, layer.num_kv_heads, max_blocks * bs, bs,
         num_workers=sms * _resident_ctas(func, threads, smem),
-        max_splits=MAX_SPLITS,
+        max_splits=MAX_SPLITS, min_split_tokens=tile,
     )  # fmt: skip
 
 
@@ -449,15 +459,16 @@ def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max
     in_define, _ = _Q_DTYPES[q_dtype]
     group = num_heads // layer.num_kv_heads
     check_row_limits(group, q_len, fmt.head_dim)
-    func, smem, threads = _stage1_for(fmt, entry, kname, in_define, group, q_len)
-    return _default_splits(layer, batch, max_blocks, func, threads, smem)
+    func, smem, threads, tile = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    return _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
 
 
 class DecodeWorkspace:
     """Preallocated outputs and split partials for decodes of one fixed shape.
 
-    Partials are sized by MAX_SPLITS (the static grid bound), allocated on first need, so a
-    one-split plan costs no partial memory.
+    Partials have a split axis of the largest split count asked for so far, allocated on
+    first need (a one-split plan costs no partial memory); a DecodePlan asks once, at plan
+    time, so its runs never allocate.
     """
 
     def __init__(self, batch: int, q_len: int, num_heads: int, head_dim: int):
@@ -473,15 +484,18 @@ class DecodeWorkspace:
         if got != self.shape:
             raise ValueError(f"workspace is for q of shape {self.shape}, got {got}")
 
-    def partials(self):
+    def partials(self, num_splits: int):
+        """(m, l, acc) float32 buffers (rows, S) / (rows, S, D) with S >= num_splits (the
+        kernels take S as the split stride)."""
         import cupy
 
-        if self._partials is None:
+        num_splits = check_int("num_splits", num_splits, 1)
+        if self._partials is None or self._partials[0].shape[1] < num_splits:
             rows = self.shape[0] * self.shape[1] * self.shape[2]
             self._partials = (
-                cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32),
-                cupy.empty((rows, MAX_SPLITS), dtype=cupy.float32),
-                cupy.empty((rows, MAX_SPLITS, self.shape[3]), dtype=cupy.float32),
+                cupy.empty((rows, num_splits), dtype=cupy.float32),
+                cupy.empty((rows, num_splits), dtype=cupy.float32),
+                cupy.empty((rows, num_splits, self.shape[3]), dtype=cupy.float32),
             )
         return self._partials
 
