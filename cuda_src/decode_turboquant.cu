@@ -105,8 +105,10 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 #else
 #define KV_MMA_KF 1.0f
 #define KV_MMA_KSPLIT 1
-// Pair table: entry (c1 << bits) | c0 (two neighbouring codes, LSB first as in the stream)
-// -> {fp16x2 hi, fp16x2 lo} of (c[c0], c[c1]) * 2^e: one shared load per element pair.
+// Pair tables: entry (c1 << bits) | c0 (two neighbouring codes, LSB first as in the stream)
+// -> fp16x2 hi of (c[c0], c[c1]) * 2^e in words [0, P), the lo parts in words [P, 2P): two
+// 4-byte loads per element pair, each straight into its mma operand register (one 8-byte
+// load of a {hi, lo} pair needed two register moves into the operand quads).
 #define KV_TQ_PAIRS (1 << (2 * TQ_KEY_BITS))
 #define KV_MMA_TABLE_WORDS (2 * KV_TQ_PAIRS)
 // Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
@@ -122,7 +124,8 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
         unsigned hi, lo;
         kv_split_f16x2(kv_tq_centroids[k & M] * f, kv_tq_centroids[k >> TQ_KEY_BITS] * f, &hi,
                        &lo);
-        reinterpret_cast<uint2*>(table)[k] = make_uint2(hi, lo);
+        table[k] = hi;
+        table[KV_TQ_PAIRS + k] = lo;
     }
     return kv_pow2(-e);
 }
@@ -142,13 +145,12 @@ __device__ __forceinline__ unsigned kv_tq_key_pair(const unsigned char* row, int
 __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
                                           const unsigned* table, unsigned* h0, unsigned* h1,
                                           unsigned* l0, unsigned* l1) {
-    const uint2* t2 = reinterpret_cast<const uint2*>(table);
-    const uint2 a = t2[kv_tq_key_pair(rows[0], 16 * ks + 2 * c)];
-    const uint2 b = t2[kv_tq_key_pair(rows[0], 16 * ks + 2 * c + 8)];
-    *h0 = a.x;
-    *l0 = a.y;
-    *h1 = b.x;
-    *l1 = b.y;
+    const unsigned ia = kv_tq_key_pair(rows[0], 16 * ks + 2 * c);
+    const unsigned ib = kv_tq_key_pair(rows[0], 16 * ks + 2 * c + 8);
+    *h0 = table[ia];
+    *l0 = table[KV_TQ_PAIRS + ia];
+    *h1 = table[ib];
+    *l1 = table[KV_TQ_PAIRS + ib];
 }
 #endif
 // Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code

@@ -452,9 +452,20 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             rows_of(tw0 + g + 8, kr[1]);
 
             // (a) S^T = K Q^T: M = the warp's 16 tokens, N = 8 rows per row tile, K = dims.
+            // Independent accumulators per product kind (hi x hi, q lo x k hi, q hi x k lo):
+            // three 8-deep mma chains instead of one 24-deep one, and the small lo products
+            // are not added into the large hi sum by the tensor cores' truncating adds; the
+            // three meet in IEEE float32 after the k-loop.
             float sc[NR][4];
+            float sq[NR][4];
+            float sk[NR][4];
 #pragma unroll
-            for (int nr = 0; nr < NR; ++nr) sc[nr][0] = sc[nr][1] = sc[nr][2] = sc[nr][3] = 0.f;
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sc[nr][i] = sq[nr][i] = sk[nr][i] = 0.f;
+            }
+            (void)sq;
+            (void)sk;
 #if KV_MMA_K_DIRECT
             // fp16 keys from the staged rows: matrices (tokens 0-7 | 8-15) x (dims 0-7 | 8-15)
             // = a0, a1, a2, a3.
@@ -486,15 +497,27 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     for (int nr = 0; nr < NR; ++nr) {
                         kv_mma_f16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #if KV_MMA_QSPLIT
-                        kv_mma_f16(sc[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+                        kv_mma_f16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #endif
 #if KV_MMA_KSPLIT
-                        kv_mma_f16(sc[nr], al, qh[nr][2 * u], qh[nr][2 * u + 1]);
+                        kv_mma_f16(sk[nr], al, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #endif
                     }
                     (void)al;
                 }
                 (void)ql;
+            }
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+#if KV_MMA_QSPLIT
+                    sc[nr][i] += sq[nr][i];
+#endif
+#if KV_MMA_KSPLIT
+                    sc[nr][i] += sk[nr][i];
+#endif
+                }
             }
 
             // (b) masks, soft-cap, online softmax over the thread's 2 tokens, then over the 8
