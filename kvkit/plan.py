@@ -27,6 +27,13 @@ class DecodePlan:
         scale, num_splits, window, sinks, softcap: as in ``kvkit.decode``; ``num_splits``
             None picks the same count ``kvkit.decode`` would for max_blocks * block_size.
 
+    On a CUDA layer the first ``run`` records its kernel launches; later runs with CuPy
+    arrays of the same shapes, dtypes and device (C-contiguous) on an unchanged layer (same
+    planes, error flag and global scales) replay them through the driver with only the q,
+    block_tables and seq_lens pointers rewritten, skipping the argument checks and
+    conversions of ``kvkit.decode``; any other call (and ``validate=True``) takes the full
+    path, which also re-records.
+
     Attributes:
         num_splits: the split count every run uses (CUDA layers; None on the CPU).
         o, lse: CUDA layers: the float32 buffers each run writes, (B, q_len, Hq, D) and
