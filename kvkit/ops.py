@@ -313,7 +313,7 @@ def decode(
 
 def _decode_cuda(
     q, layer, block_tables, seq_lens, scale, num_splits, return_lse, window, sinks, softcap,
-    validate, workspace=None,
+    validate, workspace=None, record=None,
 ):  # fmt: skip
     import cupy
 
@@ -340,7 +340,7 @@ def _decode_cuda(
         layer.error_flag.fill(0)
     o, lse = cuda_decode.decode(
         q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits, window=window,
-        sinks=sinks32, softcap=softcap, workspace=workspace,
+        sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
     )  # fmt: skip
     if validate:
         _raise_device_errors(

@@ -88,6 +88,17 @@ def main(argv: list[str]) -> int:
           f"{sum(len(x[3]) for x in launches)} arguments {1e6 * t_launch:.1f} us; "
           f"o + lse allocation {1e6 * t_alloc:.1f} us per call")  # fmt: skip
 
+    plan = kvkit.DecodePlan(layer, shape.B, shape.Hq, tables.shape[1])
+    for _ in range(3):
+        plan.run(q, tables, lens)
+    cp.cuda.Device().synchronize()
+    t0 = time.perf_counter()
+    for _ in range(n):
+        plan.run(q, tables, lens)
+    t_plan = (time.perf_counter() - t0) / n
+    cp.cuda.Device().synchronize()
+    print(f"DecodePlan.run: {1e6 * t_plan:.1f} us per call (enqueue only)")
+
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(n):

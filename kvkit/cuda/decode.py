@@ -285,6 +285,7 @@ def decode(
     sinks=None,
     softcap=None,
     workspace=None,
+    record=None,
 ):
     """Split-K paged decode over one CUDA cache layer; asynchronous on the current stream.
 
@@ -306,6 +307,10 @@ def decode(
         sinks: CuPy float32 (Hq,) per-head sink logits or None (-inf: no sink).
         workspace: None, or a ``DecodeWorkspace`` whose buffers receive o, lse and the split
             partials: then nothing is allocated, which is what CUDA-graph capture needs.
+        record: None, or a list that receives each launch made, as (kernel, grid, block,
+            args, shared_mem); stage 1's q, block_tables and seq_lens are its arguments
+            STAGE1_Q_ARG, STAGE1_TABLES_ARG and STAGE1_LENS_ARG (``kvkit.DecodePlan``
+            replays these through ``kvkit.cuda.launch``).
 
     Returns:
         (o, lse): CuPy float32 (B, q_len, Hq, D) and (B, q_len, Hq), natural log (the
@@ -402,7 +407,7 @@ def decode(
             k_fold, np.float32(softcap), v_fold, np.int32(1),
             null, null, null, o, lse, layer.error_flag,
         )  # fmt: skip
-        func((1, hkv, batch), (threads,), args, shared_mem=smem)
+        _launch(record, func, (1, hkv, batch), (threads,), args, smem)
         return o, lse
 
     if workspace is not None:
@@ -419,22 +424,35 @@ def decode(
         k_fold, np.float32(softcap), v_fold, split_stride,
         m_part, l_part, acc_part, np.uint64(0), np.uint64(0), layer.error_flag,
     )  # fmt: skip
-    func((num_splits, hkv, batch), (threads,), args, shared_mem=smem)
+    _launch(record, func, (num_splits, hkv, batch), (threads,), args, smem)
 
     # Stage 2: one CTA per row, its warps taking the splits round-robin.
     warps = min(MERGE_WARPS, num_splits)
     merge = _merge_kernel("kv_decode_merge_splits")
-    merge(
-        (rows,), (warps * 32,),
+    _launch(
+        record, merge, (rows,), (warps * 32,),
         (
             m_part, l_part, acc_part,
             np.uint64(0) if sinks is None else sinks,
             np.int64(rows), np.int32(num_heads), np.int32(head_dim),
             np.int32(num_splits), split_stride, o, lse,
         ),
-        shared_mem=4 * (warps * head_dim + num_splits),
+        4 * (warps * head_dim + num_splits),
     )  # fmt: skip
     return o, lse
+
+
+#: Positions of the per-call arrays among stage 1's arguments (q, then 4 planes x 5, then
+#: block_tables, max_blocks, seq_lens): what a prepared launch rewrites per step.
+STAGE1_Q_ARG = 0
+STAGE1_TABLES_ARG = 21
+STAGE1_LENS_ARG = 23
+
+
+def _launch(record, kernel, grid, block, args, shared_mem: int) -> None:
+    kernel(grid, block, args, shared_mem=shared_mem)
+    if record is not None:
+        record.append((kernel, grid, block, args, shared_mem))
 
 
 def _default_splits(

@@ -70,3 +70,59 @@ def test_graph_replay_follows_new_inputs(name, sinks):
     ref = kvkit.decode(q, layer, tables, lens, num_splits=4, sinks=sink)
     assert rel_error(cp.asnumpy(got), cp.asnumpy(ref)) <= DECODE_GPU_RTOL
     cp.testing.assert_array_equal(got, ref)
+
+
+def _counting_full_path(monkeypatch):
+    import kvkit.plan as plan_mod
+
+    calls = []
+    real = plan_mod._decode_cuda
+
+    def counted(*a, **k):
+        calls.append(1)
+        return real(*a, **k)
+
+    monkeypatch.setattr(plan_mod, "_decode_cuda", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", ["fp16", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_later_runs_replay_the_prepared_launches(name, num_splits, monkeypatch):
+    import cupy as cp
+
+    layer = gpu_layer(name)
+    tables = cp.asarray(np.array([np.arange(12), np.arange(12, 24)], np.int32))
+    plan = kvkit.DecodePlan(layer, 2, 8, 12, num_splits=num_splits)
+    calls = _counting_full_path(monkeypatch)
+    for step, lens in enumerate(([150, 190], [151, 100], [40, 191])):
+        # A new q array each step (new memory), new lengths in a new array.
+        q = llm_like_queries(2, 8, 128, seed=10 + step, num_kv_heads=2)
+        q = cp.asarray(q.astype(np.float16))
+        sl = cp.asarray(np.array(lens, np.int32))
+        o, lse = plan.run(q, tables, sl, return_lse=True)
+        ref_o, ref_lse = kvkit.decode(q, layer, tables, sl, num_splits=plan.num_splits,
+                                      return_lse=True)  # fmt: skip
+        cp.testing.assert_array_equal(o, ref_o)
+        cp.testing.assert_array_equal(lse, ref_lse)
+    assert calls == [1]  # only the first run took the full path
+
+
+def test_a_changed_layer_or_input_layout_takes_the_full_path(monkeypatch):
+    import cupy as cp
+
+    layer = gpu_layer("fp8_e4m3")
+    q = cp.asarray(llm_like_queries(2, 8, 128, seed=2, num_kv_heads=2).astype(np.float16))
+    tables = cp.asarray(np.array([np.arange(12), np.arange(12, 24)], np.int32))
+    lens = cp.asarray(np.array([150, 190], np.int32))
+    plan = kvkit.DecodePlan(layer, 2, 8, 12, num_splits=3)
+    calls = _counting_full_path(monkeypatch)
+    plan.run(q, tables, lens)
+    layer.k_scale = layer.k_scale * 2.0  # folded into a packed argument: must not be stale
+    o = plan.run(q, tables, lens)
+    cp.testing.assert_array_equal(o, kvkit.decode(q, layer, tables, lens, num_splits=3))
+    wide = cp.zeros((2, 24), np.int32)
+    wide[:, ::2] = tables  # a strided view: not the recorded layout
+    o = plan.run(q, wide[:, ::2], lens)
+    cp.testing.assert_array_equal(o, kvkit.decode(q, layer, tables, lens, num_splits=3))
+    assert len(calls) == 3

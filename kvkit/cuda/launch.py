@@ -1,0 +1,77 @@
+"""Prepared kernel launches: arguments packed once, a few pointer slots rewritten per call.
+
+CuPy's ``RawKernel.__call__`` converts every argument on every call; a decode stage 1 has 44
+of them. A ``PreparedLaunch`` packs them once into the array of argument addresses that
+``cuLaunchKernel`` takes (the driver copies the values at launch, so slots can be rewritten
+right after), and launches through the driver: the per-call cost is a few slot writes and
+one driver call. Used by ``kvkit.DecodePlan`` for its fixed-shape steps.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+
+# NumPy scalar types a kernel argument may have -> the ctypes type of the same bytes.
+_SCALARS = {
+    np.dtype(np.int32): ctypes.c_int32,
+    np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint64): ctypes.c_uint64,
+    np.dtype(np.float32): ctypes.c_float,
+}
+
+
+def pack_argument(value):
+    """The ctypes object holding one kernel argument's bytes: a device array's pointer
+    (anything with ``.data.ptr``, e.g. a CuPy array) or a NumPy int32 / int64 / uint64 /
+    float32 scalar. Python ints and floats are refused: their C type would be a guess."""
+    data = getattr(value, "data", None)
+    if data is not None and hasattr(data, "ptr"):
+        return ctypes.c_void_p(int(data.ptr))
+    if isinstance(value, np.generic) and value.dtype in _SCALARS:
+        return _SCALARS[value.dtype](value.item())
+    raise TypeError(f"cannot pack kernel argument of type {type(value).__name__}")
+
+
+class PreparedLaunch:
+    """One kernel launch with its arguments packed.
+
+    Args:
+        kernel: a CuPy ``RawKernel`` (its function handle is ``kernel.kernel.ptr``), already
+            configured (dynamic shared memory limit set).
+        grid, block: 1- to 3-tuples of positive ints.
+        args: the kernel's arguments in order (see ``pack_argument``).
+        shared_mem: dynamic shared memory bytes.
+    """
+
+    def __init__(self, kernel, grid, block, args, shared_mem: int = 0):
+        self._kernel = kernel  # keeps the module (and so the function handle) alive
+        self._func = int(kernel.kernel.ptr)
+        self._grid = tuple(grid) + (1,) * (3 - len(grid))
+        self._block = tuple(block) + (1,) * (3 - len(block))
+        self._shared = int(shared_mem)
+        self._slots = [pack_argument(a) for a in args]
+        self._arrays = [a for a in args if getattr(getattr(a, "data", None), "ptr", None)]
+        self._params = (ctypes.c_void_p * len(self._slots))(
+            *(ctypes.addressof(s) for s in self._slots)
+        )
+
+    def slot_value(self, index: int):
+        """The packed value of argument ``index`` (an int for pointers and integers)."""
+        return self._slots[index].value
+
+    def set_pointer(self, index: int, array) -> None:
+        """Argument ``index`` (a pointer) now names ``array``'s memory."""
+        slot = self._slots[index]
+        if not isinstance(slot, ctypes.c_void_p):
+            raise TypeError(f"argument {index} is not a pointer")
+        slot.value = int(array.data.ptr)
+
+    def __call__(self, stream_ptr: int) -> None:
+        from cupy_backends.cuda.api import driver
+
+        driver.launchKernel(
+            self._func, *self._grid, *self._block, self._shared, int(stream_ptr),
+            ctypes.addressof(self._params), 0,
+        )  # fmt: skip

@@ -1,0 +1,59 @@
+"""kvkit.cuda.launch: argument packing for driver launches (no GPU needed to check the bytes)."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from kvkit.cuda.launch import PreparedLaunch, pack_argument
+
+
+class _Buffer:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _FakeArray:
+    def __init__(self, ptr):
+        self.data = _Buffer(ptr)
+
+
+class _FakeKernel:
+    class kernel:  # noqa: N801 - mirrors cupy RawKernel.kernel
+        ptr = 0xABC
+
+
+def _read(launch, index, ctype):
+    # The launch's parameter array holds the address of each argument's bytes.
+    return ctypes.cast(launch._params[index], ctypes.POINTER(ctype)).contents.value
+
+
+def test_arguments_are_packed_with_their_c_types():
+    args = [_FakeArray(0x7F00_0000_1000), np.int32(-7), np.int64(2**40 + 3), np.float32(1.5),
+            np.uint64(0)]  # fmt: skip
+    launch = PreparedLaunch(_FakeKernel(), (4, 2), (128,), args, 1024)
+    assert _read(launch, 0, ctypes.c_uint64) == 0x7F00_0000_1000
+    assert _read(launch, 1, ctypes.c_int32) == -7
+    assert _read(launch, 2, ctypes.c_int64) == 2**40 + 3
+    assert _read(launch, 3, ctypes.c_float) == 1.5
+    assert _read(launch, 4, ctypes.c_uint64) == 0
+    assert launch._grid == (4, 2, 1) and launch._block == (128, 1, 1)
+    assert launch._func == 0xABC and launch._shared == 1024
+
+
+def test_a_pointer_slot_is_rewritten_in_place():
+    launch = PreparedLaunch(_FakeKernel(), (1,), (32,), [_FakeArray(16), np.int32(1)])
+    address = launch._params[0]
+    launch.set_pointer(0, _FakeArray(0x5000))
+    assert launch._params[0] == address  # same slot, new value
+    assert _read(launch, 0, ctypes.c_uint64) == 0x5000 == launch.slot_value(0)
+    with pytest.raises(TypeError, match="not a pointer"):
+        launch.set_pointer(1, _FakeArray(0x6000))
+
+
+@pytest.mark.parametrize("value", [3, 2.5, np.float64(1.0), np.int16(2), "x", None])
+def test_ambiguous_arguments_are_refused(value):
+    with pytest.raises(TypeError, match="cannot pack"):
+        pack_argument(value)
