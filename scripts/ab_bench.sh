@@ -6,7 +6,8 @@
 #                                        ref's kvkit, cuda_src, benchmarks, scripts, tests
 #                                        (untracked, so the device tool carries them)
 #   scripts/ab_bench.sh run [ARGS...]    on the GPU machine: for every ab/<ref>, the decode
-#                                        GPU tests when AB_TESTS=1, then benchmarks/run.py
+#                                        GPU tests when AB_TESTS=1 (or when AB_TESTS is a
+#                                        substring of the tree's name), then benchmarks/run.py
 #                                        ARGS (default: --no-write --shapes 64x8192,1x131072,
 #                                        8x8192,1x4096) into $OUT/<ref>/, then a side-by-side
 #                                        table (scripts/ab_compare.py; the first ref is the base)
@@ -38,7 +39,8 @@ case $cmd in
     for dir in ab/*/; do
       name=$(basename "$dir")
       export KVKIT_CACHE_DIR=/tmp/kvkit_ab_cache/$name
-      if [ "${AB_TESTS:-0}" = 1 ]; then
+      tests=${AB_TESTS:-0}
+      if [ "$tests" = 1 ] || { [ "$tests" != 0 ] && [[ $name == *"$tests"* ]]; }; then
         (cd "$dir" && PYTHONPATH=. timeout "${T_TESTS:-240}" python -m pytest -q -x -m gpu \
           tests/cuda/test_decode_gpu.py tests/cuda/test_plan_gpu.py -p no:cacheprovider) \
           > "$OUT/$name.tests.txt" 2>&1
