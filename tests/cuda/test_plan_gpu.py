@@ -122,7 +122,10 @@ def test_a_changed_layer_or_input_layout_takes_the_full_path(monkeypatch):
     o = plan.run(q, tables, lens)
     cp.testing.assert_array_equal(o, kvkit.decode(q, layer, tables, lens, num_splits=3))
     wide = cp.zeros((2, 24), np.int32)
-    wide[:, ::2] = tables  # a strided view: not the recorded layout
-    o = plan.run(q, wide[:, ::2], lens)
+    wide[:, ::2] = tables  # a strided view: not the recorded layout, and not accepted
+    with pytest.raises(ValueError, match="C-contiguous"):
+        plan.run(q, wide[:, ::2], lens)  # the full path's error, not a replay with it
+    assert len(calls) == 3
+    o = plan.run(q, tables, lens)  # the recorded layout again: a replay
     cp.testing.assert_array_equal(o, kvkit.decode(q, layer, tables, lens, num_splits=3))
     assert len(calls) == 3
