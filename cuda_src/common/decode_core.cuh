@@ -280,16 +280,13 @@ __device__ __forceinline__ int kv_plane_mode(int vec, int block_size) {
 // Issue (or, in the fallback, perform) the copies of one plane for the tile starting at
 // token t0 (n_tile tokens, pages tp[0..n_tile)) into stage. row_off: this thread's token
 // offset in its page in the row mode when it is the same for every tile (TILE a multiple of
-// block_size), else -1. slab_tok, slab_j0, slab_tpr: the slab mode's assignment (see
-// KvTilePipe): this thread copies pieces slab_j0, slab_j0 + slab_tpr, ... of the run that
-// starts at tile token slab_tok.
+// block_size), else -1.
 template <int W, int WP>
 __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsigned char* base,
                                                long long sb, long long sh, long long st,
                                                int elem, int vec, int mode, int kvh,
                                                const int* tp, int t0, int n_tile,
-                                               int block_size, int row_off, int slab_tok,
-                                               int slab_j0, int slab_tpr) {
+                                               int block_size, int row_off) {
     if constexpr (W > 0) {
         const long long head_off = (long long)kvh * sh;
         if (mode == KVD_MODE_ROW16) {
@@ -314,17 +311,33 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsig
             // are sc * W contiguous bytes (a multiple of 16): one page lookup and one address
             // per thread and tile, then 16-byte pieces at a fixed stride; the page's offset
             // is 0 unless one page holds several tiles.
-            const int page = slab_tok < n_tile ? tp[slab_tok] : -1;
+            // The tile's TILE / sc runs share the threads, tpr = THREADS * sc / TILE per run
+            // (sc is a power of two: the slab mode needs TILE % block_size == 0 when
+            // block_size < TILE); this thread serves the run starting at tile token tok from
+            // piece j0. Recomputed per tile rather than held: the kernels sit at their
+            // register cap.
+            constexpr int TPS = kvd::THREADS / kvd::TILE;
+            const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
+            const int tpr = TPS * sc;
+            const int j0 = (int)threadIdx.x & (tpr - 1);
+            const int tok = ((int)threadIdx.x - j0) / TPS;
+            const int page = tok < n_tile ? tp[tok] : -1;
             if (page >= 0) {
-                const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
                 const int pieces = sc * W / 16;
                 const int off = block_size <= kvd::TILE ? 0 : t0 % block_size;
                 const unsigned char* src =
                     base + ((long long)page * sb + head_off + (long long)off * st) * elem;
-                unsigned char* dst = stage + slab_tok * W;
-#pragma unroll 4
-                for (int pc = slab_j0; pc < pieces; pc += slab_tpr)
-                    kv_cp_async16(dst + pc * 16, src + pc * 16);
+                unsigned char* dst = stage + tok * W;
+                // pieces / tpr = TILE * W / (16 * THREADS) whatever sc is: a trip count known
+                // at compile time (a runtime one costs a division to unroll).
+                constexpr int NPC = kvd::TILE * W / 16;
+                static_assert((kvd::TILE * W) % 16 == 0, "whole pieces per tile");
+#pragma unroll
+                for (int k = 0; k < (NPC + kvd::THREADS - 1) / kvd::THREADS; ++k) {
+                    const int pc = j0 + k * tpr;
+                    if (NPC % kvd::THREADS == 0 || pc < pieces)
+                        kv_cp_async16(dst + pc * 16, src + pc * 16);
+                }
             }
         } else {
             const int v = vec & 31;
@@ -404,12 +417,6 @@ struct KvTilePipe {
     int md[4];  // copy mode per plane (KVD_MODE_*)
     int rs[4];  // staging row stride per plane, bytes
     int row_off;   // row mode: this thread's token offset in its page, or -1 (per tile)
-    // Slab mode: the tile's TILE / sc runs (sc = min(block_size, TILE)) share the threads,
-    // slab_tpr = THREADS * sc / TILE per run; this thread serves the run starting at tile token
-    // slab_tok, from piece slab_j0.
-    int slab_tok;
-    int slab_j0;
-    int slab_tpr;
     const int* block_tables;
     long long bt_row;
     int num_blocks;
@@ -488,17 +495,16 @@ struct KvTilePipe {
             constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
             constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
             kv_issue_plane<KV_P0_BYTES, kvd::WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
-                                                  md[0], kvh, tp, t0, n, block_size, row_off,
-                                                  slab_tok, slab_j0, slab_tpr);
+                                                  md[0], kvh, tp, t0, n, block_size, row_off);
             kv_issue_plane<KV_P1_BYTES, kvd::WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
                                                   p1_vec, md[1], kvh, tp, t0, n, block_size,
-                                                  row_off, slab_tok, slab_j0, slab_tpr);
+                                                  row_off);
             kv_issue_plane<KV_P2_BYTES, kvd::WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
                                                   p2_vec, md[2], kvh, tp, t0, n, block_size,
-                                                  row_off, slab_tok, slab_j0, slab_tpr);
+                                                  row_off);
             kv_issue_plane<KV_P3_BYTES, kvd::WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
                                                   p3_vec, md[3], kvh, tp, t0, n, block_size,
-                                                  row_off, slab_tok, slab_j0, slab_tpr);
+                                                  row_off);
         }
         kv_cp_async_commit();
     }
@@ -521,14 +527,6 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.rs[1] = pp.md[1] == KVD_MODE_SLAB ? KV_P1_BYTES : kvd::WP1;
     pp.rs[2] = pp.md[2] == KVD_MODE_SLAB ? KV_P2_BYTES : kvd::WP2;
     pp.rs[3] = pp.md[3] == KVD_MODE_SLAB ? KV_P3_BYTES : kvd::WP3;
-    {
-        // TILE / sc runs per tile (a power of two when sc < TILE: the slab mode needs TILE
-        // to be a multiple of block_size then), THREADS / runs threads each.
-        const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
-        pp.slab_tpr = kvd::THREADS / (kvd::TILE / sc);
-        pp.slab_tok = (int)(threadIdx.x / pp.slab_tpr) * sc;
-        pp.slab_j0 = (int)threadIdx.x % pp.slab_tpr;
-    }
     // Tiles start on a page start when TILE is a multiple of block_size (t_lo is a page
     // start), so the row mode's token offsets are the same for every tile.
     pp.row_off = kvd::TILE % block_size == 0
