@@ -12,7 +12,8 @@
 #     ncu.tgz for scripts/ncu_sass.py; host = scripts/host_overhead.py, the host time of a plain
 #     decode call and its cProfile, into host.txt; bench80 = the decode benchmark at
 #     BENCH80_SHAPES through the sm_80 PTX override next to the native one, side by side in
-#     bench80.txt: the issue's "sm_80 path within 1.5x of native")
+#     bench80.txt: the issue's "sm_80 path within 1.5x of native"; splits =
+#     scripts/split_sweep.py, graph time per split count at SWEEP_SHAPES, into splits.txt)
 #   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
 #   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
@@ -63,6 +64,8 @@ for s in $STEPS; do
                   --out "$OUT/b_sm80" &&
                 python scripts/ab_compare.py native="$OUT/b_native/bench.json" \
                   sm80="$OUT/b_sm80/bench.json" | tee "$OUT/bench80.txt"' ;;
+    splits)   step splits bash -c 'timeout 150 python scripts/split_sweep.py \
+                --shapes "${SWEEP_SHAPES:-1x4096,1x32768,8x4096}" | tee "$OUT/splits.txt"' ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
     ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
                 W=$(mktemp -d)

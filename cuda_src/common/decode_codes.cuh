@@ -108,10 +108,13 @@ __device__ __forceinline__ unsigned kv_dc_e4m3x2_f16x2(unsigned two) {
     return h;
 #else
     const unsigned u = __byte_perm(two, 0u, 0x1404);  // b0 -> bits 8..15, b1 -> bits 24..31
-    unsigned h = (u & 0x80008000u) | ((u >> 1) & 0x3F803F80u);
-    if ((two & 0x7Fu) == 0x7Fu) h |= 0x7E00u;
-    if ((two & 0x7F00u) == 0x7F00u) h |= 0x7E000000u;
-    return h;
+    const unsigned mag = (u >> 1) & 0x3F803F80u;
+    // The NaN code's magnitude 0x3F80 (1.875) is the only one above the largest finite
+    // 448 * 2^-8 = 1.75 (0x3F00): one packed half compare finds both halves' NaNs, whose
+    // exponent field is then filled (0x7F80 | sign, a quiet NaN).
+    unsigned nan;
+    asm("set.gt.u32.f16x2 %0, %1, %2;" : "=r"(nan) : "r"(mag), "r"(0x3F003F00u));
+    return (u & 0x80008000u) | mag | (nan & 0x7E007E00u);
 #endif
 }
 

@@ -304,6 +304,8 @@ def representative_builds() -> list[tuple[str, str, dict[str, str]]]:
                 builds.append((entry, name, defines))
     if (root / "decode_merge.cu").is_file():
         builds.append(("decode_merge.cu", "merge", {"KV_HEAD_DIM": "128"}))
+    if (root / "probe_codes.cu").is_file():  # the GPU tests' conversion probes
+        builds.append(("probe_codes.cu", "probe", {}))
     return builds
 
 

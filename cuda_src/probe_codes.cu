@@ -1,0 +1,24 @@
+// probe_codes.cu: the tensor-core operand conversions of common/decode_codes.cuh, one input
+// per thread, so the GPU tests (tests/cuda/test_decode_codes_gpu.py) can run every input of a
+// conversion through the path the device takes (native, or a PTX override such as sm_80's
+// software conversions) and compare the bits with ml_dtypes. Not used by the library.
+#include "common/decode_codes.cuh"
+
+// Two E4M3 codes -> fp16x2 (kv_dc_e4m3x2_f16x2); out[n] is KV_E4M3_F16_FACTOR's float bits.
+extern "C" __global__ void kv_probe_e4m3x2_f16x2(
+    const unsigned* __restrict__ two,  // (n,) uint32: code 2j in bits 0..7, 2j+1 in 8..15
+    unsigned* __restrict__ out,        // (n + 1,) uint32: fp16x2 bits, then the factor
+    int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = kv_dc_e4m3x2_f16x2(two[i]);
+    if (i == 0) out[n] = __float_as_uint(KV_E4M3_F16_FACTOR);
+}
+
+// One E2M1 byte -> fp16x2 scaled by 2^-14 (kv_dc_e2m1x2_f16x2).
+extern "C" __global__ void kv_probe_e2m1x2_f16x2(
+    const unsigned* __restrict__ byte,  // (n,) uint32: element 2j in bits 0..3, 2j+1 in 4..7
+    unsigned* __restrict__ out,         // (n,) uint32: fp16x2 bits
+    int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = kv_dc_e2m1x2_f16x2(byte[i]);
+}
