@@ -73,10 +73,11 @@ def choose_num_splits(
     num_workers: int,
     max_splits: int = MAX_SPLITS,
     min_split_tokens: int = 1,
+    waves: int = _TARGET_WAVES,
 ) -> int:
     """Number of splits per (sequence, KV head) for one decode step.
 
-    Aims for about `_TARGET_WAVES` waves of (batch x kv_head x split) work items over
+    Aims for about `waves` waves of (batch x kv_head x split) work items over
     `num_workers` (SMs on CUDA, threads on CPU), never more splits than max_seq_len has
     pages (a split without a page is pure merge overhead), never a split of fewer than
     min_split_tokens tokens' worth of whole pages (a CUDA CTA works in tiles of that many
@@ -94,6 +95,7 @@ def choose_num_splits(
         min_split_tokens: int >= 1, the least tokens per split worth launching; splits
             hold whole pages, so the cap is ceil(n_pages / ceil(min_split_tokens /
             block_size)).
+        waves: int >= 1, work items per worker to aim for (default `_TARGET_WAVES`).
 
     Returns:
         int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
@@ -105,10 +107,12 @@ def choose_num_splits(
     num_workers = check_int("num_workers", num_workers, 1)
     max_splits = check_int("max_splits", max_splits, 1)
     min_split_tokens = check_int("min_split_tokens", min_split_tokens, 1)
+    waves = check_int("waves", waves, 1)
 
     n_pages = max(1, -(-max_seq_len // block_size))
     items = batch * num_kv_heads
-    wanted = -(-(_TARGET_WAVES * num_workers) // items)
+    # Rounded down: a fraction of a wave more is a whole extra wave of (short) CTAs.
+    wanted = max(1, (waves * num_workers) // items)
     pages_per_unit = -(-min_split_tokens // block_size)
     splits = max(1, min(wanted, max_splits, -(-n_pages // pages_per_unit)))
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages

@@ -84,8 +84,22 @@ def test_choose_num_splits_fills_workers():
     # Never more splits than pages.
     assert choose_num_splits(1, 1, 40, 16, num_workers=132) == 3
     assert choose_num_splits(1, 1, 0, 16, num_workers=132) == 1
-    # A middle case: 64 items want 5 splits for 2 waves over 132 workers.
-    assert choose_num_splits(8, 8, 32768, 16, num_workers=132) == 5
+    # A middle case: 64 items and 2 waves over 132 workers: 264 / 64 = 4.1, rounded down.
+    assert choose_num_splits(8, 8, 32768, 16, num_workers=132) == 4
+
+
+def test_choose_num_splits_with_the_cuda_settings():
+    # kvkit.cuda.decode: one wave, two 64-token tiles per split; 132 SMs x 4 CTAs.
+    def cuda(batch, tokens):
+        return choose_num_splits(batch, 8, tokens, 16, num_workers=528, min_split_tokens=128,
+                                 waves=1)  # fmt: skip
+
+    assert cuda(1, 4096) == 32  # 256 pages, 8 per split
+    assert cuda(1, 32768) == 64  # 528 / 8 = 66 wanted: 32 pages each, so 64 non-empty
+    assert cuda(8, 4096) == 8  # 528 / 64 = 8.25
+    assert cuda(64, 8192) == 1  # 512 items already fill the wave
+    with pytest.raises(ValueError):
+        choose_num_splits(1, 8, 4096, 16, num_workers=528, waves=0)
 
 
 def test_choose_num_splits_keeps_a_tile_per_split():
