@@ -7,6 +7,8 @@ backends cut a sequence into exactly the same page-aligned pieces.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from kvkit._checks import check_int
 
 __all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
@@ -74,6 +76,7 @@ def choose_num_splits(
     max_splits: int = MAX_SPLITS,
     min_split_tokens: int = 1,
     waves: int = _TARGET_WAVES,
+    cta_overhead_tokens: int | None = None,
 ) -> int:
     """Number of splits per (sequence, KV head) for one decode step.
 
@@ -96,6 +99,11 @@ def choose_num_splits(
             hold whole pages, so the cap is ceil(n_pages / ceil(min_split_tokens /
             block_size)).
         waves: int >= 1, work items per worker to aim for (default `_TARGET_WAVES`).
+        cta_overhead_tokens: None, or int >= 0: instead of aiming for `waves`, pick the
+            count with the least modelled time, ceil(items x splits / num_workers) waves
+            times (tokens per split + cta_overhead_tokens), a work item's fixed cost in
+            tokens' worth of streaming (ties: fewer splits). Workers that run items in
+            waves (CUDA CTA slots) lose a whole wave to a small remainder; the model sees it.
 
     Returns:
         int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
@@ -108,14 +116,35 @@ def choose_num_splits(
     max_splits = check_int("max_splits", max_splits, 1)
     min_split_tokens = check_int("min_split_tokens", min_split_tokens, 1)
     waves = check_int("waves", waves, 1)
+    if cta_overhead_tokens is not None:
+        cta_overhead_tokens = check_int("cta_overhead_tokens", cta_overhead_tokens, 0)
 
     n_pages = max(1, -(-max_seq_len // block_size))
     items = batch * num_kv_heads
-    # Rounded down: a fraction of a wave more is a whole extra wave of (short) CTAs.
-    wanted = max(1, (waves * num_workers) // items)
     pages_per_unit = -(-min_split_tokens // block_size)
-    splits = max(1, min(wanted, max_splits, -(-n_pages // pages_per_unit)))
+    cap = max(1, min(max_splits, -(-n_pages // pages_per_unit)))
+    if cta_overhead_tokens is not None:
+        return _least_wave_time(items, n_pages, block_size, num_workers, cap,
+                                cta_overhead_tokens)  # fmt: skip
+    # Rounded down: a fraction of a wave more is a whole extra wave of (short) items.
+    splits = min(max(1, (waves * num_workers) // items), cap)
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
     # in 6 splits gives 2 pages per split and only 5 non-empty ones: return the 5.
     pages_per_split = -(-n_pages // splits)
     return -(-n_pages // pages_per_split)
+
+
+@lru_cache(maxsize=1024)
+def _least_wave_time(
+    items: int, n_pages: int, block_size: int, workers: int, cap: int, overhead: int
+) -> int:
+    """choose_num_splits' wave model: the split count in [1, cap] (after the last-split
+    trimming) with the least waves x (tokens per split + overhead)."""
+    best_cost, best = None, 1
+    for wanted in range(1, cap + 1):
+        pages_per_split = -(-n_pages // wanted)
+        splits = -(-n_pages // pages_per_split)
+        cost = -(-(items * splits) // workers) * (pages_per_split * block_size + overhead)
+        if best_cost is None or cost < best_cost:
+            best_cost, best = cost, splits
+    return best

@@ -59,11 +59,13 @@ def test_split_page_range_rejects_bad_arguments(args, exc):
     block_size=block_sizes,
     num_workers=st.integers(1, 256),
     max_splits=st.integers(1, MAX_SPLITS),
+    overhead=st.none() | st.integers(0, 4096),
 )
 def test_choose_num_splits_bounds(batch, num_kv_heads, max_seq_len, block_size, num_workers,
-                                  max_splits):
+                                  max_splits, overhead):
     n = choose_num_splits(batch, num_kv_heads, max_seq_len, block_size,
-                          num_workers=num_workers, max_splits=max_splits)
+                          num_workers=num_workers, max_splits=max_splits,
+                          cta_overhead_tokens=overhead)
     n_pages = -(-max_seq_len // block_size)
     assert 1 <= n <= max_splits
     assert n <= max(1, n_pages)
@@ -88,16 +90,25 @@ def test_choose_num_splits_fills_workers():
     assert choose_num_splits(8, 8, 32768, 16, num_workers=132) == 4
 
 
-def test_choose_num_splits_with_the_cuda_settings():
-    # kvkit.cuda.decode: one wave, two 64-token tiles per split; 132 SMs x 4 CTAs.
-    def cuda(batch, tokens):
-        return choose_num_splits(batch, 8, tokens, 16, num_workers=528, min_split_tokens=128,
-                                 waves=1)  # fmt: skip
+def test_choose_num_splits_wave_model():
+    # kvkit.cuda.decode's settings: 64-token tiles, two per split at least, one tile of
+    # overhead per CTA; 132 SMs x R resident CTAs. Expected counts worked by hand from
+    # ceil(8 B s / 132 R) * (tokens per split + 64).
+    def cuda(batch, tokens, resident=4):
+        return choose_num_splits(batch, 8, tokens, 16, num_workers=132 * resident,
+                                 min_split_tokens=128, cta_overhead_tokens=64)  # fmt: skip
 
-    assert cuda(1, 4096) == 32  # 256 pages, 8 per split
-    assert cuda(1, 32768) == 64  # 528 / 8 = 66 wanted: 32 pages each, so 64 non-empty
-    assert cuda(8, 4096) == 8  # 528 / 64 = 8.25
-    assert cuda(64, 8192) == 1  # 512 items already fill the wave
+    assert cuda(1, 4096) == 32  # the 2-tile floor: 256 pages / 8, all in one wave
+    assert cuda(1, 32768) == 64  # one wave of 528 holds 66 x 8; 2048 pages in 32s: 64
+    assert cuda(8, 4096) == 8  # 8 x 64 = 512 <= 528: 1 x (512 + 64); 16 splits: 2 x 320
+    assert cuda(64, 8192) == 1  # 512 items fill the wave: 8256; 2 splits: 2 x 4160
+    # 3 CTAs per SM (396 slots): 1 split is 2 waves x 8256, 3 splits 4 x 2795 (a 30% tail
+    # wave costs less when it is short).
+    assert cuda(64, 8192, resident=3) == 3
+    # Zero overhead and no floor: every count that stays in one wave, the largest wins.
+    assert choose_num_splits(1, 8, 4096, 16, num_workers=528, cta_overhead_tokens=0) == 64
+    with pytest.raises(ValueError):
+        choose_num_splits(1, 8, 4096, 16, num_workers=528, cta_overhead_tokens=-1)
     with pytest.raises(ValueError):
         choose_num_splits(1, 8, 4096, 16, num_workers=528, waves=0)
 

@@ -455,13 +455,15 @@ def _launch(record, kernel, grid, block, args, shared_mem: int) -> None:
         record.append((kernel, grid, block, args, shared_mem))
 
 
-#: The split heuristic's aim on CUDA: one wave of stage-1 CTAs (SMs x resident CTAs), each
-#: split at least SPLIT_MIN_TILES tiles. Measured on the H200 (scripts/split_sweep.py, graph
-#: replay, 2026-11-29), fp8 / NVFP4 / k8v4 / 4bit_nc, us per step: B=1 T=4096 best at 32
-#: splits (2 tiles; 64 splits were 8-13% slower), B=1 T=32768 at 64 (128 were 14-20% slower),
-#: B=8 T=4096 at 8 (16 were 13-18% slower): two waves, or one-tile splits, cost more in
-#: per-CTA prologue and merge traffic than they gain in parallelism.
-SPLIT_WAVES = 1
+#: The split heuristic on CUDA (kvkit.splits.choose_num_splits' wave model): stage-1 CTAs run
+#: in waves of SMs x resident CTAs, each costing its tokens plus SPLIT_OVERHEAD_TILES tiles'
+#: worth of prologue, and a split holds SPLIT_MIN_TILES tiles at least (the merge's share is
+#: not in the model). Fitted to graph-replay sweeps on the H200 (scripts/split_sweep.py,
+#: 2026-11-29; fp16 / fp8 / NVFP4 / k8v4 / 4bit_nc): B=1 T=4096 best at 32 splits (64 were
+#: 8-13% slower), B=1 T=32768 at 64 (128: 14-20% slower), B=8 T=4096 at 8 (16: 13-18%
+#: slower), B=64 T=8192 at 1 split for the quantized formats (4 CTAs per SM, 512 items fill a
+#: wave) but 3-4 for fp16 (3 CTAs per SM: 1 split leaves a 30% wave, 945 vs 800-816 us).
+SPLIT_OVERHEAD_TILES = 1
 SPLIT_MIN_TILES = 2
 
 
@@ -469,14 +471,15 @@ def _default_splits(
     layer, batch: int, max_blocks: int, func, threads: int, smem: int, tile: int
 ) -> int:
     """The split heuristic over this device: SMs x resident stage-1 CTAs as workers,
-    max_blocks * block_size as the length (no host read of seq_lens), SPLIT_WAVES waves and
-    SPLIT_MIN_TILES tiles of tokens as the least split."""
+    max_blocks * block_size as the length (no host read of seq_lens), the wave model with
+    SPLIT_OVERHEAD_TILES and SPLIT_MIN_TILES tiles of tokens as the least split."""
     sms, _ = _device_limits()
     bs = layer.block_size
     return choose_num_splits(
         batch, layer.num_kv_heads, max_blocks * bs, bs,
         num_workers=sms * _resident_ctas(func, threads, smem),
-        max_splits=MAX_SPLITS, min_split_tokens=SPLIT_MIN_TILES * tile, waves=SPLIT_WAVES,
+        max_splits=MAX_SPLITS, min_split_tokens=SPLIT_MIN_TILES * tile,
+        cta_overhead_tokens=SPLIT_OVERHEAD_TILES * tile,
     )  # fmt: skip
 
 
