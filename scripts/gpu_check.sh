@@ -5,15 +5,19 @@
 #
 #   PYTHONPATH is set to the source tree; nothing is installed.
 #   OUT defaults to ./gpu_out; HYPOTHESIS_PROFILE defaults to ci.
-#   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench ncu
-#     host, run in the order given (ncu and host are not in the default set: ncu = Nsight
-#     Compute on one stage-1 launch per format in NCU_FORMATS at NCU_SHAPE, occupancy / issue /
-#     throughput lines into ncu.txt, and per format the SASS source counters and details in
-#     ncu.tgz for scripts/ncu_sass.py; host = scripts/host_overhead.py, the host time of a plain
-#     decode call and its cProfile, into host.txt; bench80 = the decode benchmark at
-#     BENCH80_SHAPES through the sm_80 PTX override next to the native one, side by side in
-#     bench80.txt: the issue's "sm_80 path within 1.5x of native"; splits =
-#     scripts/split_sweep.py, graph time per split count at SWEEP_SHAPES, into splits.txt)
+#   GPU_CHECK_STEPS (optional): space-separated subset of: native sm80 sm89 memcheck bench
+#     ncu ncuw host bench80 splits, run in the order given (default: native sm80 sm89
+#     memcheck bench).
+#     ncu = Nsight Compute on one stage-1 launch per format in NCU_FORMATS at NCU_SHAPE:
+#       occupancy / issue / throughput lines into ncu.txt, the SASS source counters and
+#       details per format in ncu.tgz (for scripts/ncu_sass.py);
+#     ncuw = the same for one write_kv of 4M token-heads per format in NCU_WRITE_FORMATS
+#       (ncu_write.txt, ncu_write.tgz);
+#     host = scripts/host_overhead.py, the host time of a plain decode call and of
+#       DecodePlan.run, and a cProfile, into host.txt;
+#     bench80 = the decode benchmark at BENCH80_SHAPES through the sm_80 PTX override next to
+#       the native one, side by side in bench80.txt (the issue's "sm_80 within 1.5x");
+#     splits = scripts/split_sweep.py, graph time per split count at SWEEP_SHAPES, splits.txt.
 #   T_SUITE / T_MEMCHECK / T_BENCH: per-step time limits in seconds (a lease call is 10 min)
 #   BENCH_ARGS: extra arguments for benchmarks/run.py (e.g. --quick)
 set -u
@@ -48,6 +52,30 @@ step() {  # step NAME COMMAND...: run, log, record rc and seconds
   rm -f "$OUT/$name.part"
 }
 
+# ncu_profile KERNEL_REGEX SCRIPT TAG "FORMATS" [ARGS...]: Nsight Compute on the third launch
+# of the matching kernel of scripts/SCRIPT per format: key lines into $OUT/TAG.txt, the SASS
+# source counters and details into $OUT/TAG.tgz (scripts/ncu_sass.py reads the CSVs).
+ncu_profile() {
+  local regex=$1 script=$2 tag=$3 fmts=$4; shift 4
+  local NCU W f
+  NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+  W=$(mktemp -d)
+  for f in $fmts; do
+    echo "== $f $*"
+    timeout "${T_NCU:-120}" "$NCU" --kernel-name "regex:$regex" --launch-skip 2 \
+      --launch-count 1 --section SpeedOfLight --section Occupancy \
+      --section WarpStateStats --section SchedulerStats --section LaunchStats \
+      --section InstructionStats --section SourceCounters -o "$W/$f" -f \
+      python "scripts/$script" "$f" "$@" > "$W/$f.log" 2>&1
+    "$NCU" -i "$W/$f.ncu-rep" --print-details all > "$W/$f.details.txt" 2>&1
+    "$NCU" -i "$W/$f.ncu-rep" --page source --csv --print-source sass > "$W/$f.sass.csv" 2>&1
+    grep -E "Duration|Throughput|Registers Per|Dynamic Shared|Achieved|Theoretical Occ|Issued|Eligible|Active Warps|Grid Size|Waves|Executed Instructions  " \
+      "$W/$f.details.txt"
+  done | tee "$OUT/$tag.txt"
+  (cd "$W" && tar czf "$OUT/$tag.tgz" ./*.sass.csv ./*.details.txt) && rm -rf "$W"
+}
+export -f ncu_profile
+
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 for s in $STEPS; do
   case $s in
@@ -67,22 +95,10 @@ for s in $STEPS; do
     splits)   step splits bash -c 'timeout 150 python scripts/split_sweep.py \
                 --shapes "${SWEEP_SHAPES:-1x4096,1x32768,8x4096}" | tee "$OUT/splits.txt"' ;;
     bench)    step bench timeout "${T_BENCH:-480}" python benchmarks/run.py --out "$OUT" ${BENCH_ARGS:-} ;;
-    ncu)      step ncu bash -c 'NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-                W=$(mktemp -d)
-                for f in ${NCU_FORMATS:-turboquant_4bit_nc fp16}; do
-                  echo "== $f ${NCU_SHAPE:-64 8192}"
-                  timeout "${T_NCU:-120}" "$NCU" --kernel-name regex:stage1 --launch-skip 2 \
-                    --launch-count 1 --section SpeedOfLight --section Occupancy \
-                    --section WarpStateStats --section SchedulerStats --section LaunchStats \
-                    --section InstructionStats --section SourceCounters -o "$W/$f" -f \
-                    python scripts/profile_decode.py "$f" ${NCU_SHAPE:-64 8192} > "$W/$f.log" 2>&1
-                  "$NCU" -i "$W/$f.ncu-rep" --print-details all > "$W/$f.details.txt" 2>&1
-                  "$NCU" -i "$W/$f.ncu-rep" --page source --csv --print-source sass \
-                    > "$W/$f.sass.csv" 2>&1
-                  grep -E "Duration|Throughput|Registers Per|Dynamic Shared|Achieved|Theoretical Occ|Issued|Eligible|Active Warps|Grid Size|Waves|Executed Instructions  " \
-                    "$W/$f.details.txt"
-                done | tee "$OUT/ncu.txt"
-                (cd "$W" && tar czf "$OUT/ncu.tgz" *.sass.csv *.details.txt) && rm -rf "$W"' ;;
+    ncu)      step ncu bash -c 'ncu_profile stage1 profile_decode.py ncu \
+                "${NCU_FORMATS:-turboquant_4bit_nc fp16}" ${NCU_SHAPE:-64 8192}' ;;
+    ncuw)     step ncuw bash -c 'ncu_profile kvkit_write profile_write.py ncu_write \
+                "${NCU_WRITE_FORMATS:-turboquant_4bit_nc nvfp4 fp8_e4m3}"' ;;
   esac
 done
 
