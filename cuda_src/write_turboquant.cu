@@ -61,11 +61,15 @@ __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 #endif
 
 // Warp combine of "first-occurring NaN-ignoring min" (MAXIMUM=false) or max over lanes whose
-// chunks are in index order; a NaN (also a lane with no elements) is the identity.
+// chunks are in index order; a NaN (also a lane with no elements) is the identity. Distances
+// 1, 2, 4, 8, 16 in increasing order, so each step joins two adjacent runs of lanes, lower run
+// first: the CPU writer's sequential scan, ties included (-0 before +0). Decreasing distances
+// join interleaved lane sets and gave +0 for -0 on lane 1 and +0 on lane 2 (the stored zero's
+// sign differed from the CPU's).
 template <bool MAXIMUM>
 __device__ __forceinline__ float kv_warp_first_extreme(float mine, int lane) {
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) {
+    for (int off = 1; off < 32; off <<= 1) {
         float other = __shfl_xor_sync(KV_FULL_WARP, mine, off);
         bool lower = (lane & off) == 0;
         float a = lower ? mine : other;  // lower-index segment

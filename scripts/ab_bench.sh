@@ -7,7 +7,9 @@
 #                                        (untracked, so the device tool carries them)
 #   scripts/ab_bench.sh run [ARGS...]    on the GPU machine: for every ab/<ref>, the decode
 #                                        GPU tests when AB_TESTS=1 (or when AB_TESTS is a
-#                                        substring of the tree's name), then benchmarks/run.py
+#                                        substring of the tree's name; AB_TEST_FILES: which
+#                                        test files, default the decode and plan GPU tests),
+#                                        then benchmarks/run.py
 #                                        ARGS (default: --no-write --shapes 64x8192,1x131072,
 #                                        8x8192,1x4096) into $OUT/<ref>/, then a side-by-side
 #                                        table (scripts/ab_compare.py; the first ref is the base)
@@ -42,7 +44,8 @@ case $cmd in
       tests=${AB_TESTS:-0}
       if [ "$tests" = 1 ] || { [ "$tests" != 0 ] && [[ $name == *"$tests"* ]]; }; then
         (cd "$dir" && PYTHONPATH=. timeout "${T_TESTS:-240}" python -m pytest -q -x -m gpu \
-          tests/cuda/test_decode_gpu.py tests/cuda/test_plan_gpu.py -p no:cacheprovider) \
+          ${AB_TEST_FILES:-tests/cuda/test_decode_gpu.py tests/cuda/test_plan_gpu.py} \
+          -p no:cacheprovider) \
           > "$OUT/$name.tests.txt" 2>&1
         echo "$name tests rc=$? $(tail -n 1 "$OUT/$name.tests.txt")"
       fi

@@ -317,3 +317,27 @@ def test_every_fp32_special_through_every_format(in_dtype):
         (ck, cv), (gk, gv) = dequant_both(cpu, gpu, np.arange(16))
         assert_same_floats(ck, gk, f"{name} K")
         assert_same_floats(cv, gv, f"{name} V")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", [n for n in formats.names() if n.startswith("turboquant")])
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_turboquant_value_zero_keeps_the_first_signed_zero(name, d):
+    """V rows whose minimum (or maximum) is a tie of -0 and +0 in different lanes' chunks: the
+    stored zero point is the first-occurring one, as in the CPU's sequential scan. A warp
+    combine in decreasing lane distances once stored +0 for -0 at element E, +0 at 2 E."""
+    fmt = formats.get(name, d)
+    e = -(-d // 32)
+    rows = []
+    for first, second in ((-0.0, 0.0), (0.0, -0.0)):
+        for lane_a, lane_b in ((1, 2), (0, 17), (5, 6), (3, 30)):
+            for sign in (1.0, -1.0):  # the tie as the minimum, then as the maximum
+                row = np.full(d, sign, np.float32)
+                row[lane_a * e], row[lane_b * e] = first, second
+                rows.append(row)
+    v = np.stack(rows)[:, None, :]
+    k = np.ones_like(v)
+    cpu, gpu = make_layers(fmt, 1, 2, 16, seed=3)
+    slots = np.arange(len(rows), dtype=np.int64)
+    write_both(cpu, gpu, k, v, k, v, slots, "float32")
+    assert_planes_equal(cpu, gpu, context=f"{name} D={d} signed-zero ties")
