@@ -14,7 +14,9 @@ kernel for every target.
 
 Cache key: SHA-256 over the entry's source with every ``#include "..."`` inlined, the sorted
 defines, the target, the option list and the NVRTC version. Compiled files live under
-``$KVKIT_CACHE_DIR`` (default ``~/.cache/kvkit``); loaded modules are memoized per device.
+``$KVKIT_CACHE_DIR`` (default ``~/.cache/kvkit``) and are reused by later processes: the key is
+computed without compiling, and NVRTC runs only when the file is missing. Loaded modules are
+memoized per device.
 """
 
 from __future__ import annotations
@@ -146,6 +148,19 @@ def cache_dir() -> Path:
     return d
 
 
+def _options(
+    entry: str, defines: Mapping[str, str], arch: str, ptx_only: bool, verbose_ptxas: bool
+) -> tuple[str, ...]:
+    options = (
+        _arch_flag(arch, ptx_only),
+        *entry_options(entry),
+        *(f"-D{k}={v}" for k, v in sorted(defines.items())),
+    )
+    if verbose_ptxas and not ptx_only:
+        options += ("--ptxas-options=-v",)
+    return options
+
+
 def compile_entry(
     entry: str,
     defines: Mapping[str, str],
@@ -164,13 +179,7 @@ def compile_entry(
         verbose_ptxas: add ``--ptxas-options=-v`` (registers, spills in the log).
     """
     source = inline_source(entry)
-    options = (
-        _arch_flag(arch, ptx_only),
-        *entry_options(entry),
-        *(f"-D{k}={v}" for k, v in sorted(defines.items())),
-    )
-    if verbose_ptxas and not ptx_only:
-        options += ("--ptxas-options=-v",)
+    options = _options(entry, defines, arch, ptx_only, verbose_ptxas)
     nvrtc = _nvrtc()
     prog = nvrtc.createProgram(source, entry, [], [])
     try:
@@ -236,7 +245,30 @@ def resolve_arch(arch: str | None = None, device_id: int | None = None) -> tuple
     return want, want != native
 
 
-_modules: dict[tuple[int, str], object] = {}
+_modules: dict[tuple, object] = {}
+
+
+@lru_cache(maxsize=512)
+def _module_key_frozen(entry: str, defines: tuple, arch: str, ptx_only: bool) -> str:
+    d = dict(defines)
+    return _key(inline_source(entry), d, _options(entry, d, arch, ptx_only, False))
+
+
+def module_file(entry: str, defines: Mapping[str, str], arch: str, ptx_only: bool) -> Path:
+    """The cached build of an entry for a target (cubin, or PTX for an override), compiled
+    with NVRTC only when the file is not there yet (e.g. by an earlier process); needs no GPU.
+    The name carries the cache key, so a changed source, define, option or NVRTC is a new
+    file; files are written whole (a temporary file renamed into place)."""
+    key = _module_key_frozen(entry, tuple(sorted(defines.items())), arch, ptx_only)
+    suffix = ".ptx" if ptx_only else ".cubin"
+    path = cache_dir() / f"{Path(entry).stem}-{arch}-{key}{suffix}"
+    if not path.exists():
+        result = _compile_cached(entry, dict(defines), arch, ptx_only)
+        data = result.ptx.encode() if ptx_only else result.cubin
+        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
+            tmp.write(data)
+        os.replace(tmp.name, path)
+    return path
 
 
 def get_module(entry: str, defines: Mapping[str, str], arch: str | None = None):
@@ -245,18 +277,10 @@ def get_module(entry: str, defines: Mapping[str, str], arch: str | None = None):
 
     device_id = cupy.cuda.runtime.getDevice()
     target, ptx_only = resolve_arch(arch, device_id)
-    result = _compile_cached(entry, dict(defines), target, ptx_only)
-    memo_key = (device_id, result.key)
+    memo_key = (device_id, entry, tuple(sorted(defines.items())), target, ptx_only)
     mod = _modules.get(memo_key)
-    if mod is None:
-        suffix = ".ptx" if ptx_only else ".cubin"
-        path = cache_dir() / f"{Path(entry).stem}-{target}-{result.key}{suffix}"
-        if not path.exists():
-            data = result.ptx.encode() if ptx_only else result.cubin
-            with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as tmp:
-                tmp.write(data)
-            os.replace(tmp.name, path)
-        mod = cupy.RawModule(path=str(path))
+    if mod is None:  # no file system access on the hot path
+        mod = cupy.RawModule(path=str(module_file(entry, defines, target, ptx_only)))
         _modules[memo_key] = mod
     return mod
 

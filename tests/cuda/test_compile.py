@@ -187,3 +187,29 @@ def test_tensor_core_decode_does_not_spill(arch):
             if any(int(s) or int(lo) for s, lo in spills):
                 bad.append((name, group, q_len, d, q_dtype, spills))
     assert bad == []
+
+
+def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
+    """module_file compiles when its file is missing and, in a later process (fresh
+    in-memory caches), finds the file by its key without running NVRTC; a changed define
+    is a different file."""
+    monkeypatch.setenv("KVKIT_CACHE_DIR", str(tmp_path))
+    defines = _defines("nvfp4")
+    first = compiler.module_file("write_nvfp4.cu", defines, "sm_90", False)
+    assert first.parent == tmp_path and first.suffix == ".cubin" and first.stat().st_size > 0
+    ptx = compiler.module_file("write_nvfp4.cu", defines, "sm_80", True)
+    assert ptx.suffix == ".ptx" and ".target sm_80" in ptx.read_text()
+
+    # A later process: nothing cached in memory, NVRTC must not run.
+    compiler._module_key_frozen.cache_clear()
+    compiler._compile_cached_frozen.cache_clear()
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("compiled although the file was cached")
+
+    monkeypatch.setattr(compiler, "compile_entry", no_compile)
+    assert compiler.module_file("write_nvfp4.cu", defines, "sm_90", False) == first
+    assert compiler.module_file("write_nvfp4.cu", defines, "sm_80", True) == ptx
+    with pytest.raises(AssertionError, match="compiled although"):
+        compiler.module_file("write_nvfp4.cu", _defines("nvfp4", in_dtype="0"), "sm_90", False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, ptx.name])
