@@ -21,6 +21,7 @@
 #include "common/fp8.cuh"
 #include "common/bitpack.cuh"
 #include "common/hadamard.cuh"
+#include "common/paged.cuh"
 
 #if !defined(KV_FORMAT_TURBOQUANT) || !defined(KV_HEAD_DIM) || !defined(TQ_SLOT_BYTES)
 #error "write_turboquant.cu needs the defines of a TurboQuant format (fmt.cuda_defines())"
@@ -101,23 +102,30 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
     // constant-memory lookup would serialize and a register select chain costs registers.
     __shared__ float s_cent[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
+    __shared__ float s_mid[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
     __syncthreads();
 #endif
     const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
     const long long row = (long long)blockIdx.x * TQ_WARPS + warp;  // token * H + head
     if (row >= n_tokens * n_heads) return;  // warp-uniform from here on
-    const int h = (int)(row % n_heads);
-    const long long t = row / n_heads;
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t, blk, off;
+    int h;
+    kv_row_token_head(row, n_heads, narrow, &t, &h);
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (lane == 0 && h == 0) atomicOr(error_flag, 1);
         return;
     }
-    const long long blk = slot / block_size;
-    const long long off = slot - blk * block_size;
+    kv_slot_page(slot, block_size, narrow, &blk, &off);
     unsigned char* sb = reinterpret_cast<unsigned char*>(s_slot16[warp]);
     unsigned char* sc = s_codes[warp];
     const long long src = row * KV_HEAD_DIM;
@@ -133,8 +141,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
 #else
     {
         float x[TQ_E];
-#pragma unroll
-        for (int j = 0; j < TQ_E; ++j) x[j] = kv_input_to_float<KV_IN_DTYPE>(k, src + i0 + j);
+        kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + i0, x);  // D = 32 E: every lane is full
         const float n = __fsqrt_rn(kv_warp_sum_squares<TQ_E>(x));
         const unsigned int sbits = kTqSignMask.w[i0 >> 5] >> (i0 & 31);
 #pragma unroll
@@ -145,9 +152,13 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
         for (int j = 0; j < TQ_E; ++j) {
             float y = 0.0f;
             if (den != 0.0f) y = __fdiv_rn(x[j], den);
+            // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
+            // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
+            // (or the NaN pad) compares false, as in the linear count.
             int idx = 0;
 #pragma unroll
-            for (int m = 0; m < TQ_NUM_CENTROIDS - 1; ++m) idx += kTqMidpoints[m] <= y ? 1 : 0;
+            for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
+                if (s_mid[idx + step - 1] <= y) idx += step;
             sc[i0 + j] = (unsigned char)idx;
             x[j] = s_cent[idx];
         }
@@ -169,8 +180,13 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     {
         float x[TQ_E];
         const float nan = __uint_as_float(0x7FC00000u);
+        if (i0 + TQ_E <= KV_HEAD_DIM) {
+            kv_load_inputs<KV_IN_DTYPE, TQ_E>(v, src + i0, x);
+        } else {  // the last lanes when D is not a multiple of 32 (FP8 keys)
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) x[j] = (i0 + j < KV_HEAD_DIM) ? kv_input_to_float<KV_IN_DTYPE>(v, src + i0 + j) : nan;
+            for (int j = 0; j < TQ_E; ++j)
+                x[j] = (i0 + j < KV_HEAD_DIM) ? kv_input_to_float<KV_IN_DTYPE>(v, src + i0 + j) : nan;
+        }
         float lo = x[0], hi = x[0];
 #pragma unroll
         for (int j = 1; j < TQ_E; ++j) {
