@@ -90,13 +90,26 @@ def e2m1_software(x: np.ndarray) -> np.ndarray:
     u = _bits(x)
     a = u & 0x7FFFFFFF
     nan = a > 0x7F800000
-    mag = np.where(
-        a >= 0x40C00000,  # >= 6: saturate
-        0x7,
-        np.where(a >= 0x3F800000, round_off_bits(a, 22) - (126 << 1), scaled_rint(a, 1)),
+    # The number of E2M1 midpoints below |x| (bit patterns): > where the lower neighbour's
+    # code is even, >= where the upper one's is.
+    mag = sum(
+        (a > t if strict else a >= t).astype(np.uint32)
+        for t, strict in _E2M1_MIDPOINT_BITS
     )
     code = mag | ((u >> 28) & 0x8)
     return np.where(nan, 0x7, code).astype(np.uint8)
+
+
+#: kv_e2m1_mag_sw's thresholds: (float32 bits of the midpoint, counted only when exceeded).
+_E2M1_MIDPOINT_BITS = (
+    (0x3E800000, True),  # 0.25
+    (0x3F400000, False),  # 0.75
+    (0x3FA00000, True),  # 1.25
+    (0x3FE00000, False),  # 1.75
+    (0x40200000, True),  # 2.5
+    (0x40600000, False),  # 3.5
+    (0x40A00000, True),  # 5.0
+)
 
 
 def f16_software(x: np.ndarray, saturate: bool = False) -> np.ndarray:
