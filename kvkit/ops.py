@@ -21,6 +21,7 @@ from .cache import CacheLayer
 from .cpu import backend as cpu_backend
 from .cpu.decode import decode_pages
 from .cpu.merge import merge_states as _merge_states_cpu
+from .cuda import plain_steps
 from .cuda.arrays import as_cupy, is_device_array
 from .decode_args import check_decode_args, check_decode_indices, check_decode_shapes
 
@@ -323,6 +324,21 @@ def _decode_cuda(
     tc, t_dtype = as_cupy(block_tables, "block_tables")
     lc, l_dtype = as_cupy(seq_lens, "seq_lens")
     sc, s_dtype = (None, None) if sinks is None else as_cupy(sinks, "sinks")
+    # A plain call whose signature ran before replays that call's launches (kvkit.cuda.
+    # plain_steps): same checks passed, same arguments but for the per-call arrays.
+    replay_key = None
+    if workspace is None and record is None and not validate:
+        if qc.flags.c_contiguous and tc.flags.c_contiguous and lc.flags.c_contiguous:
+            replay_key = (
+                id(layer), cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr,
+                plain_steps.kernel_choice_env(),
+                qc.shape, q_dtype, tc.shape, t_dtype, lc.shape, l_dtype,
+                None if sc is None else (sc.shape, s_dtype), float(scale), num_splits, window,
+                softcap,
+            )  # fmt: skip
+            step = plain_steps.lookup(replay_key, layer)
+            if step is not None:
+                return _replay_plain(step, qc, tc, lc, sc, return_lse)
     q_meta = _meta(qc, q_dtype)
     _, q_len, _ = check_decode_shapes(
         q_meta, _meta(tc, t_dtype), _meta(lc, l_dtype),
@@ -338,10 +354,15 @@ def _decode_cuda(
     sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
     if validate:
         layer.error_flag.fill(0)
+    if replay_key is not None and plain_steps.worth_recording(replay_key):
+        record = []
     o, lse = cuda_decode.decode(
         q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits, window=window,
         sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
     )  # fmt: skip
+    if replay_key is not None and record:  # recorded above (a repeated signature)
+        arrays = dict(q=q4, tables=tc, lens=lc, sinks=sinks32, o=o, lse=lse)
+        plain_steps.store(replay_key, plain_steps.PlainStep(layer, record, arrays))
     if validate:
         _raise_device_errors(
             layer,
@@ -353,6 +374,23 @@ def _decode_cuda(
                 block_size=layer.block_size,
             ),  # fmt: skip
         )
+    if single:
+        o, lse = o[:, 0], lse[:, 0]
+    return (o, lse) if return_lse else o
+
+
+def _replay_plain(step, qc, tc, lc, sc, return_lse: bool):
+    import cupy
+
+    o = cupy.empty(step.o_shape, dtype=cupy.float32)
+    lse = cupy.empty(step.lse_shape, dtype=cupy.float32)
+    single = qc.ndim == 3
+    q4 = qc.reshape(qc.shape[0], 1, *qc.shape[1:]) if single else qc
+    sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
+    arrays = dict(q=q4, tables=tc, lens=lc, o=o, lse=lse)
+    if sinks32 is not None:
+        arrays["sinks"] = sinks32
+    step.step(cupy.cuda.get_current_stream().ptr, arrays)
     if single:
         o, lse = o[:, 0], lse[:, 0]
     return (o, lse) if return_lse else o

@@ -1,0 +1,99 @@
+"""Plain ``kvkit.decode`` calls on CUDA, replayed from a small cache.
+
+A plain call spends most of its ~150-230 us of host time in Python: argument checks, the
+launch arguments (planes, strides, scales), the split heuristic and CuPy's per-argument
+launch processing. The kernels' arguments depend only on the call's signature (shapes,
+dtypes, options, the layer's planes and scales) and on a few arrays: q, block_tables,
+seq_lens, sinks and the new o / lse. So the second call of a signature runs the full path and
+records its launches (``kvkit.cuda.launch.RecordedStep``); later calls with that signature
+allocate o / lse, rewrite those pointers and launch through the driver.
+
+The key includes the current device and stream and the kernel-choice environment
+(``KERNEL_ENV``): the partial-state buffers of a recorded
+step are reused by its later calls, which is safe in stream order only. A changed layer
+(planes replaced, new scales; ``layer_launch_state``) drops the step. At most ``MAX_STEPS``
+signatures are kept (least recently used out).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+
+from .launch import RecordedStep
+
+MAX_STEPS = 32
+
+_steps: OrderedDict = OrderedDict()
+
+
+#: Environment variables that change which kernel a decode launches (target, stage-1 core,
+#: staging budget): part of a step's key.
+KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB")
+
+
+def kernel_choice_env() -> tuple:
+    return tuple(os.environ.get(name) for name in KERNEL_ENV)
+
+
+def layer_launch_state(layer) -> tuple:
+    """What recorded launch arguments took from a layer: its arrays (by identity; the
+    recorded launches hold them, so the ids stay theirs), scales and sizes."""
+    return (
+        tuple(id(a) for a in layer.planes.values()), id(layer.error_flag),
+        layer.k_scale, layer.v_scale, layer.num_blocks, layer.block_size,
+    )  # fmt: skip
+
+
+class PlainStep:
+    """One recorded plain decode: its launches and the shapes of the o / lse it returns."""
+
+    def __init__(self, layer, record, arrays: dict):
+        self.step = RecordedStep(record, arrays)
+        self.state = layer_launch_state(layer)
+        self.o_shape = tuple(arrays["o"].shape)
+        self.lse_shape = tuple(arrays["lse"].shape)
+
+
+def lookup(key: tuple, layer) -> PlainStep | None:
+    if MAX_STEPS <= 0:  # the cache is off
+        return None
+    step = _steps.get(key)
+    if step is None:
+        return None
+    if step.state != layer_launch_state(layer):
+        del _steps[key]
+        return None
+    _steps.move_to_end(key)
+    return step
+
+
+_seen: OrderedDict = OrderedDict()
+
+
+def worth_recording(key: tuple) -> bool:
+    """A signature is recorded the second time it runs: packing a step costs about as much
+    as the Python it saves once, so signatures that never repeat (or a cache of size 0) do
+    not pay for it."""
+    if MAX_STEPS <= 0:
+        return False
+    if key in _seen:
+        del _seen[key]
+        return True
+    _seen[key] = None
+    while len(_seen) > 4 * MAX_STEPS:
+        _seen.popitem(last=False)
+    return False
+
+
+def store(key: tuple, step: PlainStep) -> None:
+    _steps[key] = step
+    _steps.move_to_end(key)
+    while len(_steps) > MAX_STEPS:
+        _steps.popitem(last=False)
+
+
+def clear() -> None:
+    """Forget every recorded step (tests; or to release their partial buffers)."""
+    _steps.clear()
+    _seen.clear()

@@ -1,0 +1,74 @@
+"""Plain kvkit.decode calls replayed from kvkit.cuda.plain_steps equal the full path bit for
+bit, follow new arrays and contents, and drop a step when the layer changes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvkit
+from kvkit import formats
+from kvkit.cuda import plain_steps
+from kvkit.testing.synthetic import llm_like_kv, llm_like_queries
+
+pytestmark = pytest.mark.gpu
+
+
+def gpu_layer(name):
+    """300 tokens of 2 KV heads (D = 128) written into pages 0..18 of a 24-page CUDA layer."""
+    import cupy as cp
+
+    layer = kvkit.PagedKVCache(formats.get(name, 128), 1, 2, 24, 16, backend="cuda").layer(0)
+    k, v = llm_like_kv(300, 2, 128, seed=7)
+    if layer.fmt.has_global_scales:
+        layer.k_scale, layer.v_scale = layer.fmt.calibrate(k), layer.fmt.calibrate(v)
+    kvkit.write_kv(layer, cp.asarray(k), cp.asarray(v), cp.arange(300, dtype=cp.int64))
+    return layer
+
+
+def _full_path(monkeypatch, *args, **kwargs):
+    """kvkit.decode with the replay cache off."""
+    with monkeypatch.context() as m:
+        m.setattr(plain_steps, "MAX_STEPS", 0)
+        return kvkit.decode(*args, **kwargs)
+
+
+@pytest.mark.parametrize("name", ["fp16", "nvfp4", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_replayed_plain_calls_equal_the_full_path(name, num_splits, sinks, monkeypatch):
+    import cupy as cp
+
+    plain_steps.clear()
+    layer = gpu_layer(name)
+    hq = 8
+    tables = cp.asarray(np.array([np.arange(12), np.arange(12, 24)], np.int32))
+    sink = cp.asarray(np.linspace(-1, 1, hq).astype(np.float32)) if sinks else None
+    outs = []
+    for step, lens in enumerate(([150, 190], [151, 100], [40, 191], [190, 3])):
+        q = llm_like_queries(2, hq, 128, seed=20 + step, num_kv_heads=2).astype(np.float16)
+        q, sl = cp.asarray(q), cp.asarray(np.array(lens, np.int32))  # new arrays every call
+        o, lse = kvkit.decode(q, layer, tables, sl, num_splits=num_splits, sinks=sink,
+                              return_lse=True)  # fmt: skip
+        ref_o, ref_lse = _full_path(monkeypatch, q, layer, tables, sl, num_splits=num_splits,
+                                    sinks=sink, return_lse=True)  # fmt: skip
+        cp.testing.assert_array_equal(o, ref_o)
+        cp.testing.assert_array_equal(lse, ref_lse)
+        outs.append(o)
+    assert len(plain_steps._steps) == 1  # recorded on the second call, replayed after
+    assert len({int(o.data.ptr) for o in outs}) == len(outs)  # a fresh o every call
+
+
+def test_a_changed_layer_takes_the_full_path_again(monkeypatch):
+    import cupy as cp
+
+    plain_steps.clear()
+    layer = gpu_layer("fp8_e4m3")
+    q = cp.asarray(llm_like_queries(2, 8, 128, seed=2, num_kv_heads=2).astype(np.float16))
+    tables = cp.asarray(np.array([np.arange(12), np.arange(12, 24)], np.int32))
+    lens = cp.asarray(np.array([150, 190], np.int32))
+    for _ in range(3):
+        kvkit.decode(q, layer, tables, lens, num_splits=3)
+    layer.k_scale = layer.k_scale * 2.0  # folded into a launch argument: must not be stale
+    o = kvkit.decode(q, layer, tables, lens, num_splits=3)
+    cp.testing.assert_array_equal(o, _full_path(monkeypatch, q, layer, tables, lens, num_splits=3))
