@@ -56,6 +56,8 @@ class PlainStep:
 
 
 def lookup(key: tuple, layer) -> PlainStep | None:
+    """The recorded step of a signature, or None (none yet, the cache is off, or the layer
+    changed since: then the step is dropped)."""
     if MAX_STEPS <= 0:  # the cache is off
         return None
     step = _steps.get(key)
@@ -87,6 +89,7 @@ def worth_recording(key: tuple) -> bool:
 
 
 def store(key: tuple, step: PlainStep) -> None:
+    """Keep a recorded step (the least recently used beyond ``MAX_STEPS`` go)."""
     _steps[key] = step
     _steps.move_to_end(key)
     while len(_steps) > MAX_STEPS:
