@@ -16,9 +16,9 @@ __all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
 #: Upper bound on splits per (sequence, KV head). The split count depends only on shapes
 #: (batch, heads, max_blocks * block_size, never the device-side seq_lens), so a planned step
 #: (kvkit.DecodePlan) keeps its grid and partial buffers across CUDA-graph replays. One
-#: sequence with 8 KV heads on an H200 (132 SMs x 4 resident stage-1 CTAs) wants 132 splits
-#: for two waves; a cap of 32 left half the CTA slots empty at B = 1 (256 CTAs, measured
-#: 16-21% of copy bandwidth at (1, 131072)).
+#: sequence with 8 KV heads on an H200 (132 SMs x 4 resident stage-1 CTAs) fills its 528 CTA
+#: slots with 66 splits; a cap of 32 left half of them empty at B = 1 (256 CTAs, measured
+#: 16-21% of copy bandwidth at (1, 131072)); 128 leaves room for models with fewer KV heads.
 MAX_SPLITS = 128
 
 #: Work items per worker the heuristic aims for: more than one wave hides the tail of

@@ -40,7 +40,9 @@ case $cmd in
     specs=()
     for dir in ab/*/; do
       name=$(basename "$dir")
-      export KVKIT_CACHE_DIR=/tmp/kvkit_ab_cache/$name
+      # One cache for every tree: a key covers the whole inlined source, so a kernel the trees
+      # share compiles once (kvkit/cuda/compiler.py reuses files across processes).
+      export KVKIT_CACHE_DIR=/tmp/kvkit_ab_cache
       tests=${AB_TESTS:-0}
       if [ "$tests" = 1 ] || { [ "$tests" != 0 ] && [[ $name == *"$tests"* ]]; }; then
         (cd "$dir" && PYTHONPATH=. timeout "${T_TESTS:-240}" python -m pytest -q -x -m gpu \
