@@ -167,14 +167,28 @@ def write_kv(
 
 
 def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> None:
+    import cupy
+
     from .cuda import write as cuda_write
 
     kc, k_dtype = as_cupy(k, "k")
     vc, v_dtype = as_cupy(v, "v")
+    sc, s_dtype = as_cupy(slot_mapping, "slot_mapping")
+    # As for decode (kvkit.cuda.plain_steps): a repeated signature replays its launch.
+    replay_key = None
+    if not validate and kc.flags.c_contiguous and vc.flags.c_contiguous and sc.flags.c_contiguous:
+        replay_key = (
+            "write", id(layer), cupy.cuda.runtime.getDevice(),
+            cupy.cuda.get_current_stream().ptr, plain_steps.kernel_choice_env(),
+            kc.shape, k_dtype, vc.shape, v_dtype, sc.shape, s_dtype,
+        )  # fmt: skip
+        step = plain_steps.lookup(replay_key, layer)
+        if step is not None:
+            step.step(cupy.cuda.get_current_stream().ptr, dict(k=kc, v=vc, slots=sc))
+            return
     _check_kv_meta(layer, _meta(kc, k_dtype), _meta(vc, v_dtype))
     if k_dtype != v_dtype:
         raise TypeError(f"k and v must share one dtype on the GPU path, got {k_dtype}, {v_dtype}")
-    sc, s_dtype = as_cupy(slot_mapping, "slot_mapping")
     _check_slots_meta("slot_mapping", _meta(sc, s_dtype), kc.shape[0])
     for name, arr in (("k", kc), ("v", vc), ("slot_mapping", sc)):
         _contiguous(name, arr)
@@ -182,7 +196,11 @@ def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> Non
         return
     if validate:
         layer.error_flag.fill(0)
-    cuda_write.write_rows(layer, kc, vc, sc, k_dtype)
+    record = [] if replay_key is not None and plain_steps.worth_recording(replay_key) else None
+    cuda_write.write_rows(layer, kc, vc, sc, k_dtype, record=record)
+    if record:
+        arrays = dict(k=kc, v=vc, slots=sc)
+        plain_steps.store(replay_key, plain_steps.PlainStep(layer, record, arrays))
     if validate:
         n = kc.shape[0]
         _raise_device_errors(

@@ -1,18 +1,19 @@
-"""Plain ``kvkit.decode`` calls on CUDA, replayed from a small cache.
+"""Plain ``kvkit.decode`` and ``kvkit.write_kv`` calls on CUDA, replayed from a small cache.
 
-A plain call spends most of its ~150-230 us of host time in Python: argument checks, the
+A plain decode spends most of its ~150-230 us of host time in Python: argument checks, the
 launch arguments (planes, strides, scales), the split heuristic and CuPy's per-argument
 launch processing. The kernels' arguments depend only on the call's signature (shapes,
 dtypes, options, the layer's planes and scales) and on a few arrays: q, block_tables,
-seq_lens, sinks and the new o / lse. So the second call of a signature runs the full path and
-records its launches (``kvkit.cuda.launch.RecordedStep``); later calls with that signature
-allocate o / lse, rewrite those pointers and launch through the driver.
+seq_lens, sinks and the new o / lse (a write: k, v and slot_mapping). So the second call of
+a signature runs the full path and records its launches (``kvkit.cuda.launch.RecordedStep``);
+later calls with that signature allocate o / lse, rewrite those pointers and launch through
+the driver.
 
 The key includes the current device and stream and the kernel-choice environment
-(``KERNEL_ENV``): the partial-state buffers of a recorded
-step are reused by its later calls, which is safe in stream order only. A changed layer
-(planes replaced, new scales; ``layer_launch_state``) drops the step. At most ``MAX_STEPS``
-signatures are kept (least recently used out).
+(``KERNEL_ENV``): the partial-state buffers of a recorded decode are reused by its later
+calls, which is safe in stream order only. A changed layer (planes replaced, new scales;
+``layer_launch_state``) drops the step. At most ``MAX_STEPS`` signatures are kept (least
+recently used out); ``MAX_STEPS = 0`` turns replays off.
 """
 
 from __future__ import annotations
@@ -46,13 +47,14 @@ def layer_launch_state(layer) -> tuple:
 
 
 class PlainStep:
-    """One recorded plain decode: its launches and the shapes of the o / lse it returns."""
+    """One recorded plain call: its launches, and for a decode the shapes of the o / lse it
+    returns (None for a write)."""
 
     def __init__(self, layer, record, arrays: dict):
         self.step = RecordedStep(record, arrays)
         self.state = layer_launch_state(layer)
-        self.o_shape = tuple(arrays["o"].shape)
-        self.lse_shape = tuple(arrays["lse"].shape)
+        self.o_shape = tuple(arrays["o"].shape) if "o" in arrays else None
+        self.lse_shape = tuple(arrays["lse"].shape) if "lse" in arrays else None
 
 
 def lookup(key: tuple, layer) -> PlainStep | None:

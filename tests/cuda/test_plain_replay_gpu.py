@@ -72,3 +72,32 @@ def test_a_changed_layer_takes_the_full_path_again(monkeypatch):
     layer.k_scale = layer.k_scale * 2.0  # folded into a launch argument: must not be stale
     o = kvkit.decode(q, layer, tables, lens, num_splits=3)
     cp.testing.assert_array_equal(o, _full_path(monkeypatch, q, layer, tables, lens, num_splits=3))
+
+
+@pytest.mark.parametrize("name", ["fp8_e4m3", "nvfp4_4over6", "turboquant_3bit_nc"])
+def test_replayed_writes_equal_the_full_path(name, monkeypatch):
+    """Repeated kvkit.write_kv calls of one signature (new k / v / slot arrays each time)
+    write the same bytes as the full path, into the right slots."""
+    import cupy as cp
+
+    plain_steps.clear()
+    fmt = formats.get(name, 128)
+    replayed = kvkit.PagedKVCache(fmt, 1, 2, 8, 16, backend="cuda").layer(0)
+    full = kvkit.PagedKVCache(fmt, 1, 2, 8, 16, backend="cuda").layer(0)
+    for layer in (replayed, full):
+        layer.k_scale, layer.v_scale = 0.02, 0.03
+    rng = np.random.default_rng(4)
+    order = rng.permutation(128)
+    for step in range(5):
+        k, v = llm_like_kv(16, 2, 128, seed=30 + step)
+        slots = order[16 * step : 16 * step + 16].astype(np.int64)
+        slots[3] = -1  # padding stays untouched
+        args = (cp.asarray(k), cp.asarray(v), cp.asarray(slots))
+        kvkit.write_kv(replayed, *args)
+        with monkeypatch.context() as m:
+            m.setattr(plain_steps, "MAX_STEPS", 0)
+            kvkit.write_kv(full, *[cp.array(a) for a in args])
+    assert len(plain_steps._steps) == 1
+    for plane in full.planes:
+        cp.testing.assert_array_equal(replayed.planes[plane], full.planes[plane])
+    assert int(replayed.error_flag.get()[0]) == 0
