@@ -87,9 +87,11 @@ class RecordedStep:
             ``kvkit.cuda.decode.decode(..., record=...)`` appends).
         per_call: name -> the array object the recorded call passed (found among each
             launch's arguments by identity; a name may sit in several launches, or in none).
+        borrowed: further arrays among the arguments that the step must not keep alive (the
+            caller checks they are still there before each run).
     """
 
-    def __init__(self, record, per_call: dict):
+    def __init__(self, record, per_call: dict, borrowed=()):
         self.launches = [PreparedLaunch(k, g, b, a, sm) for k, g, b, a, sm in record]
         self.slots = {
             name: [
@@ -101,11 +103,11 @@ class RecordedStep:
             for name, array in per_call.items()
             if array is not None
         }
-        # The launches keep the arrays they do not rewrite alive (planes, partial buffers);
-        # the per-call ones are the caller's, and are not held.
-        rewritten = [a for a in per_call.values() if a is not None]
+        # The launches keep the other arrays among their arguments alive (e.g. buffers the
+        # recorded call allocated); per-call and borrowed ones are the caller's.
+        foreign = [a for a in (*per_call.values(), *borrowed) if a is not None]
         for launch in self.launches:
-            launch._arrays = [a for a in launch._arrays if not any(a is r for r in rewritten)]
+            launch._arrays = [a for a in launch._arrays if not any(a is f for f in foreign)]
 
     def rewrite(self, arrays: dict) -> None:
         """Put ``arrays`` (name -> array, names as at recording) in the recorded ones' slots."""

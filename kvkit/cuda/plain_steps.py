@@ -11,8 +11,9 @@ the driver.
 
 The key includes the current device and stream and the kernel-choice environment
 (``KERNEL_ENV``): the partial-state buffers of a recorded decode are reused by its later
-calls, which is safe in stream order only. A changed layer (planes replaced, new scales;
-``layer_launch_state``) drops the step. At most ``MAX_STEPS`` signatures are kept (least
+calls, which is safe in stream order only. A changed layer (other planes, new scales;
+``layer_launch_state``) drops the step; a step holds none of the layer's or the caller's
+arrays, only its partial buffers. At most ``MAX_STEPS`` signatures are kept (least
 recently used out); ``MAX_STEPS = 0`` turns replays off.
 """
 
@@ -38,11 +39,15 @@ def kernel_choice_env() -> tuple:
 
 
 def layer_launch_state(layer) -> tuple:
-    """What recorded launch arguments took from a layer: its arrays (by identity; the
-    recorded launches hold them, so the ids stay theirs), scales and sizes."""
+    """What recorded launch arguments took from a layer: its format, its planes' and error
+    flag's addresses and layouts, scales and sizes. Equal states give equal arguments, so a
+    step need not keep the layer's arrays alive (a later layer that happens to get the same
+    memory and layout is the same launch)."""
     return (
-        tuple(id(a) for a in layer.planes.values()), id(layer.error_flag),
-        layer.k_scale, layer.v_scale, layer.num_blocks, layer.block_size,
+        layer.fmt,
+        tuple((int(a.data.ptr), a.shape, a.strides) for a in layer.planes.values()),
+        int(layer.error_flag.data.ptr), layer.k_scale, layer.v_scale, layer.num_blocks,
+        layer.block_size,
     )  # fmt: skip
 
 
@@ -51,7 +56,10 @@ class PlainStep:
     returns (None for a write)."""
 
     def __init__(self, layer, record, arrays: dict):
-        self.step = RecordedStep(record, arrays)
+        # The layer's arrays are not held (the state check covers them); the partial-state
+        # buffers a decode allocated are, since later calls reuse them.
+        borrowed = [*layer.planes.values(), layer.error_flag]
+        self.step = RecordedStep(record, arrays, borrowed=borrowed)
         self.state = layer_launch_state(layer)
         self.o_shape = tuple(arrays["o"].shape) if "o" in arrays else None
         self.lse_shape = tuple(arrays["lse"].shape) if "lse" in arrays else None

@@ -67,8 +67,10 @@ def test_a_recorded_step_rewrites_its_per_call_arrays_wherever_they_sit():
         (_FakeKernel(), (2,), (128,), [q, plane, np.int32(5), part, o], 512),
         (_FakeKernel(), (8,), (64,), [part, o, np.float32(0.5)], 0),
     ]
-    step = RecordedStep(record, {"q": q, "o": o, "sinks": None})
+    step = RecordedStep(record, {"q": q, "o": o, "sinks": None}, borrowed=[plane])
     assert step.slots == {"q": [(0, 0)], "o": [(0, 4), (1, 1)]}
+    # Only the step's own buffers are kept alive, not the caller's per-call or borrowed ones.
+    assert [launch._arrays for launch in step.launches] == [[part], [part]]
     first, second = step.launches
     for i, j in [(0, 0), (0, 4), (1, 1)]:
         step.launches[i].set_pointer(j, _FakeArray(0))  # scribble, then rewrite below

@@ -10,10 +10,21 @@ import pytest
 from kvkit.cuda import plain_steps
 
 
+class _Array:
+    _next = 0x1000
+
+    def __init__(self, shape=(8, 2, 16, 64)):
+        _Array._next += 0x1000
+        self.data = SimpleNamespace(ptr=_Array._next)
+        self.shape = shape
+        self.strides = tuple(64 * n for n in (32, 16, 1, 0))
+
+
 class _Layer:
     def __init__(self):
-        self.planes = {"k": object(), "v": object()}
-        self.error_flag = object()
+        self.fmt = "fp8_e4m3"
+        self.planes = {"k": _Array(), "v": _Array()}
+        self.error_flag = _Array((1,))
         self.k_scale = self.v_scale = 1.0
         self.num_blocks, self.block_size = 8, 16
 
@@ -49,18 +60,30 @@ def test_lookup_store_and_least_recently_used_eviction(monkeypatch):
     assert plain_steps.lookup(("c",), layer) is not None
 
 
-@pytest.mark.parametrize("change", ["plane", "scale", "flag"])
+@pytest.mark.parametrize("change", ["plane", "layout", "scale", "flag", "format"])
 def test_a_changed_layer_drops_its_step(change):
     layer = _Layer()
     plain_steps.store(("k",), _step(layer))
     if change == "plane":
-        layer.planes["k"] = object()
+        layer.planes["k"] = _Array()
+    elif change == "layout":
+        layer.planes["k"].strides = (0, 0, 0, 0)
     elif change == "scale":
         layer.k_scale = 2.0
+    elif change == "flag":
+        layer.error_flag = _Array((1,))
     else:
-        layer.error_flag = object()
+        layer.fmt = "nvfp4"
     assert plain_steps.lookup(("k",), layer) is None
-    assert plain_steps.lookup(("k",), SimpleNamespace(**vars(_Layer()))) is None  # gone
+    assert not plain_steps._steps  # dropped
+
+
+def test_a_layer_with_the_same_memory_and_layout_is_the_same_launch():
+    layer = _Layer()
+    plain_steps.store(("k",), _step(layer))
+    twin = _Layer()
+    twin.planes, twin.error_flag = dict(layer.planes), layer.error_flag
+    assert plain_steps.lookup(("k",), twin) is not None
 
 
 def test_a_cache_of_size_zero_never_records_nor_replays(monkeypatch):
