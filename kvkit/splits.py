@@ -75,12 +75,11 @@ def choose_num_splits(
     num_workers: int,
     max_splits: int = MAX_SPLITS,
     min_split_tokens: int = 1,
-    waves: int = _TARGET_WAVES,
     cta_overhead_tokens: int | None = None,
 ) -> int:
     """Number of splits per (sequence, KV head) for one decode step.
 
-    Aims for about `waves` waves of (batch x kv_head x split) work items over
+    Aims for about `_TARGET_WAVES` waves of (batch x kv_head x split) work items over
     `num_workers` (SMs on CUDA, threads on CPU), never more splits than max_seq_len has
     pages (a split without a page is pure merge overhead), never a split of fewer than
     min_split_tokens tokens' worth of whole pages (a CUDA CTA works in tiles of that many
@@ -98,8 +97,7 @@ def choose_num_splits(
         min_split_tokens: int >= 1, the least tokens per split worth launching; splits
             hold whole pages, so the cap is ceil(n_pages / ceil(min_split_tokens /
             block_size)).
-        waves: int >= 1, work items per worker to aim for (default `_TARGET_WAVES`).
-        cta_overhead_tokens: None, or int >= 0: instead of aiming for `waves`, pick the
+        cta_overhead_tokens: None, or int >= 0: instead of aiming for `_TARGET_WAVES`, pick the
             count with the least modelled time, ceil(items x splits / num_workers) waves
             times (tokens per split + cta_overhead_tokens), a work item's fixed cost in
             tokens' worth of streaming (ties: fewer splits). Workers that run items in
@@ -115,7 +113,6 @@ def choose_num_splits(
     num_workers = check_int("num_workers", num_workers, 1)
     max_splits = check_int("max_splits", max_splits, 1)
     min_split_tokens = check_int("min_split_tokens", min_split_tokens, 1)
-    waves = check_int("waves", waves, 1)
     if cta_overhead_tokens is not None:
         cta_overhead_tokens = check_int("cta_overhead_tokens", cta_overhead_tokens, 0)
 
@@ -127,7 +124,7 @@ def choose_num_splits(
         return _least_wave_time(items, n_pages, block_size, num_workers, cap,
                                 cta_overhead_tokens)  # fmt: skip
     # Rounded down: a fraction of a wave more is a whole extra wave of (short) items.
-    splits = min(max(1, (waves * num_workers) // items), cap)
+    splits = min(max(1, (_TARGET_WAVES * num_workers) // items), cap)
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
     # in 6 splits gives 2 pages per split and only 5 non-empty ones: return the 5.
     pages_per_split = -(-n_pages // splits)

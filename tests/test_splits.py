@@ -109,8 +109,6 @@ def test_choose_num_splits_wave_model():
     assert choose_num_splits(1, 8, 4096, 16, num_workers=528, cta_overhead_tokens=0) == 64
     with pytest.raises(ValueError):
         choose_num_splits(1, 8, 4096, 16, num_workers=528, cta_overhead_tokens=-1)
-    with pytest.raises(ValueError):
-        choose_num_splits(1, 8, 4096, 16, num_workers=528, waves=0)
 
 
 def test_choose_num_splits_keeps_a_tile_per_split():

@@ -17,8 +17,8 @@
 //       groups are summed once at the end of the split (shared memory), not per tile.
 // Global scales are folded into the softmax scale for K and into v_out_scale for V.
 // At the end the CTA writes its partial state (m, l, acc * v_out_scale) to the partial
-// buffers, whose split axis has stride split_stride (= kvkit.splits.MAX_SPLITS), so the grid
-// and buffers stay static; or, when the launcher passes o_out / lse_out (one split, no
+// buffers, whose split axis has stride split_stride (>= the grid's split count: a planned
+// step's buffers are sized once); or, when the launcher passes o_out / lse_out (one split, no
 // sinks), the final o = acc * v_out_scale / l and lse = m + log(l) with stage 2's exact
 // arithmetic. An empty split (or a bad seq_len: flag bit 4) is (m = -inf, l = 0, acc = 0).
 //
@@ -961,7 +961,7 @@ __device__ int kv_decode_launch[3] = {kvd::SMEM, kvd::THREADS, kvd::TILE};
         float scale,       /* softmax scale, the family's K scales folded in */              \
         float softcap,     /* <= 0: no soft-cap */                                           \
         float v_out_scale, /* the family's V scale (1 when it has none) */                   \
-        int split_stride,  /* MAX_SPLITS */                                                  \
+        int split_stride,  /* >= gridDim.x: the partials' split axis */                      \
         float* __restrict__ m_part,   /* (B, q_len, Hq, split_stride) */                     \
         float* __restrict__ l_part,   /* (B, q_len, Hq, split_stride) */                     \
         float* __restrict__ acc_part, /* (B, q_len, Hq, split_stride, D) */                  \
