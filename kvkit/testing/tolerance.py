@@ -23,6 +23,15 @@ FP16_CACHE_OUTPUT_RTOL = 5e-3
 DISTORTION_RTOL = 0.03
 
 
+
+def _float64_pair(a, b) -> tuple[np.ndarray, np.ndarray]:
+    """Both as float64 arrays of one shape (ValueError otherwise)."""
+    a = np.asarray(a, dtype=np.float64)
+    b = np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch: {a.shape} vs {b.shape}")
+    return a, b
+
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     """Max over output rows of ||out - ref||_inf / ||ref||_inf, in float64.
 
@@ -30,10 +39,7 @@ def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     for attention outputs, whose entries can sit arbitrarily close to zero.
     A reference row that is all zeros is compared absolutely.
     """
-    out = np.asarray(out, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if out.shape != ref.shape:
-        raise ValueError(f"shape mismatch: {out.shape} vs {ref.shape}")
+    out, ref = _float64_pair(out, ref)
     if out.size == 0:
         return 0.0
     err = np.abs(out - ref).max(axis=-1)
@@ -67,10 +73,7 @@ def lse_error(lse: np.ndarray, ref: np.ndarray) -> float:
     count as exact; any other non-finite error (NaN, one-sided -inf) is inf.
     lse, ref: arrays of one shape.
     """
-    lse = np.asarray(lse, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    if lse.shape != ref.shape:
-        raise ValueError(f"shape mismatch: {lse.shape} vs {ref.shape}")
+    lse, ref = _float64_pair(lse, ref)
     if lse.size == 0:
         return 0.0
     both_empty = (lse == -np.inf) & (ref == -np.inf)
