@@ -21,6 +21,9 @@ SPLIT_INVARIANCE_RTOL = 1e-5
 FP16_CACHE_OUTPUT_RTOL = 5e-3
 #: TurboQuant MSE distortion vs the published figure (relative).
 DISTORTION_RTOL = 0.03
+#: A float32 merge of partial states vs the float64 merge, relative to the weighted mean of
+#: |o_s| (``merge_error``): a few float32 roundings per part and one exp per weight.
+MERGE_RTOL = 1e-5
 
 
 
@@ -80,4 +83,36 @@ def lse_error(lse: np.ndarray, ref: np.ndarray) -> float:
     with np.errstate(invalid="ignore"):
         err = np.abs(lse - ref) / np.maximum(np.abs(ref), 1.0)
     err = np.where(both_empty, 0.0, err)
+    return float(err.max()) if np.all(np.isfinite(err)) else float("inf")
+
+
+def merge_error(out: np.ndarray, o: np.ndarray, lse: np.ndarray) -> float:
+    """Error of a merge of partial attention states against the float64 merge of its inputs.
+
+    out: (*batch, D) the merged o under test; o: (S, *batch, D) and lse: (S, *batch) its
+    inputs. With w_s = exp(lse_s - max lse), the exact result is sum w_s o_s / sum w_s; the
+    error of each entry is measured relative to sum w_s |o_s| / sum w_s, the magnitude its
+    float32 rounding scales with. (Relative to the result itself the bound would be
+    meaningless where the parts cancel: a weighted mean of O(1) values can be ~1e-3.) Rows
+    with every part empty (lse all -inf) must be exactly 0. Returns the worst entry; inf for
+    any NaN, or for a shape mismatch between out and the merge of o.
+    """
+    o = np.asarray(o, dtype=np.float64)
+    lse = np.asarray(lse, dtype=np.float64)
+    out = np.asarray(out, dtype=np.float64)
+    if out.shape != o.shape[1:] or lse.shape != o.shape[:-1]:
+        raise ValueError(f"shape mismatch: out {out.shape}, o {o.shape}, lse {lse.shape}")
+    big_m = lse.max(axis=0)
+    empty = big_m == -np.inf
+    with np.errstate(invalid="ignore"):
+        w = np.where(lse == -np.inf, 0.0, np.exp(lse - np.where(empty, 0.0, big_m)))
+    parts = np.where(w[..., None] > 0, o, 0.0)
+    total = np.where(empty, 1.0, w.sum(axis=0))[..., None]
+    exact = (w[..., None] * parts).sum(axis=0) / total
+    scale = (w[..., None] * np.abs(parts)).sum(axis=0) / total
+    with np.errstate(invalid="ignore", divide="ignore"):
+        err = np.abs(out - exact) / np.where(scale > 0, scale, 1.0)
+    err = np.where(empty[..., None], np.abs(out), err)
+    if err.size == 0:
+        return 0.0
     return float(err.max()) if np.all(np.isfinite(err)) else float("inf")

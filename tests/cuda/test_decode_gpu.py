@@ -23,7 +23,14 @@ from kvkit.cpu.merge import merge_states as cpu_merge_states
 from kvkit.formats import codecs
 from kvkit.splits import MAX_SPLITS
 from kvkit.testing.reference import paged_attention_f64
-from kvkit.testing.tolerance import DECODE_GPU_RTOL, SPLIT_INVARIANCE_RTOL, lse_error, rel_error
+from kvkit.testing.tolerance import (
+    DECODE_GPU_RTOL,
+    MERGE_RTOL,
+    SPLIT_INVARIANCE_RTOL,
+    lse_error,
+    merge_error,
+    rel_error,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -405,6 +412,10 @@ def test_empty_batch_and_argument_errors(cp):
 )
 @example(parts=1, batch=[3], head_dim=64, empty_frac=1.0, seed=0)
 @example(parts=33, batch=[2, 2], head_dim=128, empty_frac=0.3, seed=1)
+# Found on the H200 (session 6): the parts cancel to -0.0015 in one row; GPU and CPU float32
+# merges differed relatively by 1.1e-5 there (each is ~5e-8 from the float64 merge,
+# relative to merge_error's scale).
+@example(parts=6, batch=[4], head_dim=1, empty_frac=0.0, seed=45298118)
 def test_merge_states_matches_the_cpu(cp, parts, batch, head_dim, empty_frac, seed):
     from kvkit.cuda import decode as cuda_decode
 
@@ -421,7 +432,11 @@ def test_merge_states_matches_the_cpu(cp, parts, batch, head_dim, empty_frac, se
     assert out.dtype == np.float32 and out_lse.dtype == np.float32
     all_empty = ref_lse == -np.inf
     assert np.all(out[all_empty] == 0) and np.all(out_lse[all_empty] == -np.inf)
-    assert rel_error(out, ref_o) <= SPLIT_INVARIANCE_RTOL
+    # Against the float64 merge, relative to the parts' weighted magnitude: both backends
+    # round in float32 in their own order, so where parts cancel (head_dim 1, 6 parts) the
+    # two float32 results may differ relatively by more than 1e-5 while each is accurate.
+    assert merge_error(out, o, lse) <= MERGE_RTOL
+    assert merge_error(ref_o, o, lse) <= MERGE_RTOL
     assert lse_error(out_lse, ref_lse) <= SPLIT_INVARIANCE_RTOL
 
 
