@@ -13,6 +13,7 @@ synchronizes and raises the CPU backend's error for it.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -184,7 +185,7 @@ def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> Non
         )  # fmt: skip
         step = plain_steps.lookup(replay_key, layer)
         if step is not None:
-            step.step(cupy.cuda.get_current_stream().ptr, dict(k=kc, v=vc, slots=sc))
+            step.run(cupy.cuda.get_current_stream().ptr, dict(k=kc, v=vc, slots=sc))
             return
     _check_kv_meta(layer, _meta(kc, k_dtype), _meta(vc, v_dtype))
     if k_dtype != v_dtype:
@@ -347,9 +348,9 @@ def _decode_cuda(
     replay_key = None
     if workspace is None and record is None and not validate:
         if qc.flags.c_contiguous and tc.flags.c_contiguous and lc.flags.c_contiguous:
+            device, stream = cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr
             replay_key = (
-                id(layer), cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr,
-                plain_steps.kernel_choice_env(),
+                id(layer), device, stream, plain_steps.kernel_choice_env(),
                 qc.shape, q_dtype, tc.shape, t_dtype, lc.shape, l_dtype,
                 None if sc is None else (sc.shape, s_dtype), float(scale), num_splits, window,
                 softcap,
@@ -372,15 +373,23 @@ def _decode_cuda(
     sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
     if validate:
         layer.error_flag.fill(0)
+    partials = None
     if replay_key is not None and plain_steps.worth_recording(replay_key):
+        # A repeated signature: record this call, its split partials in the buffer that the
+        # steps of this stream share, enqueued under the lock that keeps a step's stage 1 and
+        # merge adjacent on the stream (kvkit.cuda.plain_steps).
         record = []
-    o, lse = cuda_decode.decode(
-        q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits, window=window,
-        sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
-    )  # fmt: skip
+        partials = plain_steps.shared_partials(device, stream)
+    with plain_steps.enqueue_lock if partials is not None else nullcontext():
+        o, lse = cuda_decode.decode(
+            q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits,
+            window=window, sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
+            partials=None if partials is None else partials.carve,
+        )  # fmt: skip
     if replay_key is not None and record:  # recorded above (a repeated signature)
         arrays = dict(q=q4, tables=tc, lens=lc, sinks=sinks32, o=o, lse=lse)
-        plain_steps.store(replay_key, plain_steps.PlainStep(layer, record, arrays))
+        step = plain_steps.PlainStep(layer, record, arrays, partials=partials)
+        plain_steps.store(replay_key, step)
     if validate:
         _raise_device_errors(
             layer,
@@ -408,7 +417,7 @@ def _replay_plain(step, qc, tc, lc, sc, return_lse: bool):
     arrays = dict(q=q4, tables=tc, lens=lc, o=o, lse=lse)
     if sinks32 is not None:
         arrays["sinks"] = sinks32
-    step.step(cupy.cuda.get_current_stream().ptr, arrays)
+    step.run(cupy.cuda.get_current_stream().ptr, arrays)
     if single:
         o, lse = o[:, 0], lse[:, 0]
     return (o, lse) if return_lse else o

@@ -101,3 +101,60 @@ def test_replayed_writes_equal_the_full_path(name, monkeypatch):
     for plane in full.planes:
         cp.testing.assert_array_equal(replayed.planes[plane], full.planes[plane])
     assert int(replayed.error_flag.get()[0]) == 0
+
+
+def test_forty_layers_round_robin_replay_equal_the_full_path(monkeypatch):
+    """A model's step loop: one decode per layer, 40 layers (more than the old 32-step cache)
+    in round robin, three times. The third round replays every layer, all of them carving
+    their partials from one shared buffer per stream, which grows while older steps still
+    point into the old one (split counts 2 and 3 alternate; every fourth layer is one split
+    with sinks); each output equals the full path's bit for bit."""
+    import cupy as cp
+
+    from kvkit import ops
+
+    plain_steps.clear()
+    num_layers, hq = 40, 8
+    cache = kvkit.PagedKVCache(formats.get("fp8_e4m3", 128), num_layers, 2, 6, 16, backend="cuda")
+    layers = [cache.layer(i) for i in range(num_layers)]
+    for i, layer in enumerate(layers):
+        k, v = llm_like_kv(96, 2, 128, seed=100 + i)
+        layer.k_scale, layer.v_scale = layer.fmt.calibrate(k), layer.fmt.calibrate(v)
+        kvkit.write_kv(layer, cp.asarray(k), cp.asarray(v), cp.arange(96, dtype=cp.int64))
+    tables = cp.asarray(np.array([[0, 1, 2], [3, 4, 5]], np.int32))
+    sink = cp.asarray(np.linspace(-1, 1, hq).astype(np.float32))
+
+    def options(i):
+        return dict(num_splits=1, sinks=sink) if i % 4 == 3 else dict(num_splits=2 + i % 2)
+
+    replays = []
+    replay = ops._replay_plain
+
+    def counted_replay(*args):
+        replays.append(1)
+        return replay(*args)
+
+    monkeypatch.setattr(ops, "_replay_plain", counted_replay)
+    per_round = []
+    for step in range(3):
+        lens = cp.asarray(np.array([40 + step, 48 - step], np.int32))
+        qs = [
+            cp.asarray(llm_like_queries(2, hq, 128, seed=1000 * step + i, num_kv_heads=2)
+                       .astype(np.float16))
+            for i in range(num_layers)
+        ]  # fmt: skip
+        before = len(replays)
+        outs = [  # back to back, as a model runs them: the shared partials are reused
+            kvkit.decode(q, layer, tables, lens, return_lse=True, **options(i))
+            for i, (q, layer) in enumerate(zip(qs, layers))
+        ]
+        per_round.append(len(replays) - before)
+        for i, ((o, lse), q, layer) in enumerate(zip(outs, qs, layers)):
+            ref_o, ref_lse = _full_path(monkeypatch, q, layer, tables, lens, return_lse=True,
+                                        **options(i))  # fmt: skip
+            cp.testing.assert_array_equal(o, ref_o)
+            cp.testing.assert_array_equal(lse, ref_lse)
+    assert per_round == [0, 0, num_layers]  # seen, recorded, replayed
+    steps = list(plain_steps._steps.values())
+    assert len(steps) == num_layers
+    assert len({id(s.partials) for s in steps}) == 1  # one shared buffer for the stream
