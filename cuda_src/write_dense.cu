@@ -11,6 +11,7 @@
 #include "common/arch.cuh"
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
+#include "common/paged.cuh"
 
 #ifndef KV_HEAD_DIM
 #error "KV_HEAD_DIM must come from fmt.cuda_defines()"
@@ -32,42 +33,6 @@ typedef unsigned char kv_elem_t;
 #else
 typedef unsigned short kv_elem_t;
 #endif
-
-// Load KV_CHUNK consecutive input elements starting at element i (vector loads when aligned).
-__device__ __forceinline__ void kv_load_chunk(const void* p, long long i, float (&x)[KV_CHUNK]) {
-#if KV_IN_DTYPE == 0
-    const float* src = static_cast<const float*>(p) + i;
-    if ((reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
-        float4 a = reinterpret_cast<const float4*>(src)[0];
-        float4 b = reinterpret_cast<const float4*>(src)[1];
-        x[0] = a.x; x[1] = a.y; x[2] = a.z; x[3] = a.w;
-        x[4] = b.x; x[5] = b.y; x[6] = b.z; x[7] = b.w;
-    } else {
-#pragma unroll
-        for (int j = 0; j < KV_CHUNK; ++j) x[j] = src[j];
-    }
-#else
-    const unsigned short* src = static_cast<const unsigned short*>(p) + i;
-    unsigned int w[4];
-    if ((reinterpret_cast<unsigned long long>(src) & 15ull) == 0) {
-        uint4 a = reinterpret_cast<const uint4*>(src)[0];
-        w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-    } else {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) w[j] = (unsigned int)src[2 * j] | ((unsigned int)src[2 * j + 1] << 16);
-    }
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-#if KV_IN_DTYPE == 1
-        x[2 * j] = kv_f16_to_float(w[j] & 0xFFFFu);
-        x[2 * j + 1] = kv_f16_to_float(w[j] >> 16);
-#else
-        x[2 * j] = kv_bf16_to_float(w[j] & 0xFFFFu);
-        x[2 * j + 1] = kv_bf16_to_float(w[j] >> 16);
-#endif
-    }
-#endif
-}
 
 // Encode and store one chunk at dst (vector store when aligned).
 __device__ __forceinline__ void kv_store_chunk(kv_elem_t* dst, const float (&x)[KV_CHUNK], float scale) {
@@ -130,22 +95,23 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_DENSE_THREADS, 1) void kvkit_wr
     if (gid >= total) return;
     const int c = (int)(gid % chunks);
     const long long row = gid / chunks;  // token * H + head
-    const int h = (int)(row % n_heads);
-    const long long t = row / n_heads;
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t, blk, off;
+    int h;
+    kv_row_token_head(row, n_heads, narrow, &t, &h);
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && c == 0) atomicOr(error_flag, 1);
         return;
     }
-    const long long blk = slot / block_size;
-    const long long off = slot - blk * block_size;
+    kv_slot_page(slot, block_size, narrow, &blk, &off);
     const long long src = row * KV_HEAD_DIM + c * KV_CHUNK;
     float x[KV_CHUNK];
-    kv_load_chunk(k, src, x);
+    kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(k, src, x);
     kv_store_chunk(k_plane + blk * k_stride_block + h * k_stride_head + off * k_stride_token + c * KV_CHUNK, x,
                    k_scale);
-    kv_load_chunk(v, src, x);
+    kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(v, src, x);
     kv_store_chunk(v_plane + blk * v_stride_block + h * v_stride_head + off * v_stride_token + c * KV_CHUNK, x,
                    v_scale);
 }

@@ -15,6 +15,7 @@
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
 #include "common/fp4.cuh"
+#include "common/paged.cuh"
 
 #if !defined(KV_FORMAT_NVFP4) || !defined(KV_HEAD_DIM) || !defined(KV_NVFP4_BLOCK)
 #error "write_nvfp4.cu needs the defines of an NVFP4 format (fmt.cuda_defines())"
@@ -29,11 +30,6 @@
 // small CTAs spread short writes (a few tokens) over more SMs.
 #define KV_WRITE_NVFP4_THREADS 128
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
-
-__device__ __forceinline__ void kv_load16(const void* p, long long i, float (&x)[16]) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) x[j] = kv_input_to_float<KV_IN_DTYPE>(p, i + j);
-}
 
 // One candidate: codes packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7); returns sf code.
 __device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16], float amax, float target, float g,
@@ -127,23 +123,24 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_wr
     if (gid >= n_tokens * n_heads * KV_NVFP4_BLOCKS) return;
     const int b = (int)(gid % KV_NVFP4_BLOCKS);
     const long long row = gid / KV_NVFP4_BLOCKS;  // token * H + head
-    const int h = (int)(row % n_heads);
-    const long long t = row / n_heads;
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t, blk, off;
+    int h;
+    kv_row_token_head(row, n_heads, narrow, &t, &h);
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && b == 0) atomicOr(error_flag, 1);
         return;
     }
-    const long long blk = slot / block_size;
-    const long long off = slot - blk * block_size;
+    kv_slot_page(slot, block_size, narrow, &blk, &off);
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
     float x[16];
-    kv_load16(k, src, x);
+    kv_load_inputs<KV_IN_DTYPE, 16>(k, src, x);
     kv_nvfp4_encode_block(x, k_scale,
                           k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
                           k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
-    kv_load16(v, src, x);
+    kv_load_inputs<KV_IN_DTYPE, 16>(v, src, x);
     kv_nvfp4_encode_block(x, v_scale,
                           v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
                           v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);

@@ -12,15 +12,21 @@
 //   q_i = clamp(floor((v_i - lo) / scale + 0.5), 0, 2^b - 1); fp16_sat(scale), fp16_sat(lo).
 // Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
 //
-// Mapping: one warp per (token, head). Lane l holds elements [l*E, l*E + E), E = ceil(D/32)
-// (the spec's reduction layout; MSE keys need D = 32 E). Codes are staged in shared memory,
-// then lanes pack bytes; the slot is assembled in shared memory and stored with 16-bit stores.
-// Negative slot: skipped. Slot >= capacity: skipped, error_flag |= 1.
+// Mapping: TQ_RPW rows (token, head) per warp, L = 32 / TQ_RPW lanes per row. The spec's
+// reduction layout is 32 lanes per row, lane v holding elements [v E, v E + E), E = ceil(D/32)
+// (MSE keys need D = 32 E); here lane p of a row holds the spec's lanes p + L r, r < TQ_RPW
+// (common/vlanes.cuh keeps the operation order), so one warp's shuffles and index arithmetic
+// serve TQ_RPW rows. Codes are staged in shared memory, then lanes pack bytes; the slot is
+// assembled in shared memory and stored with 16-bit stores. Every lane runs every step (the
+// shuffles need the full warp); a row past the end, with a negative slot or with a slot >=
+// capacity (error_flag |= 1) computes on zeros and stores nothing.
 #include "common/arch.cuh"
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
 #include "common/bitpack.cuh"
 #include "common/hadamard.cuh"
+#include "common/vlanes.cuh"
+#include "common/paged.cuh"
 
 #if !defined(KV_FORMAT_TURBOQUANT) || !defined(KV_HEAD_DIM) || !defined(TQ_SLOT_BYTES)
 #error "write_turboquant.cu needs the defines of a TurboQuant format (fmt.cuda_defines())"
@@ -31,9 +37,18 @@
 
 // __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
 // sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
-// Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs, and
-// shared memory at 4 * (D + slot bytes) <= 5.2 KB at D = 512.
+// Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
+// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py: 4, or 2 at D = 512 to keep
+// the 2 x 16 x R input floats per lane in registers); shared memory 4 * R * (D + slot bytes)
+// <= 20 KB.
 #define TQ_WARPS 4
+#ifndef TQ_RPW
+#error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
+#endif
+#if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4
+#error "TQ_RPW must be 1, 2 or 4"
+#endif
+#define TQ_L (32 / TQ_RPW)
 #define TQ_E ((KV_HEAD_DIM + 31) / 32)
 #define TQ_V_TOP ((1 << TQ_VALUE_BITS) - 1)
 
@@ -60,26 +75,6 @@ __host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
 __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 #endif
 
-// Warp combine of "first-occurring NaN-ignoring min" (MAXIMUM=false) or max over lanes whose
-// chunks are in index order; a NaN (also a lane with no elements) is the identity. Distances
-// 1, 2, 4, 8, 16 in increasing order, so each step joins two adjacent runs of lanes, lower run
-// first: the CPU writer's sequential scan, ties included (-0 before +0). Decreasing distances
-// join interleaved lane sets and gave +0 for -0 on lane 1 and +0 on lane 2 (the stored zero's
-// sign differed from the CPU's).
-template <bool MAXIMUM>
-__device__ __forceinline__ float kv_warp_first_extreme(float mine, int lane) {
-#pragma unroll
-    for (int off = 1; off < 32; off <<= 1) {
-        float other = __shfl_xor_sync(KV_FULL_WARP, mine, off);
-        bool lower = (lane & off) == 0;
-        float a = lower ? mine : other;  // lower-index segment
-        float b = lower ? other : mine;  // higher-index segment
-        bool take_b = (MAXIMUM ? (b > a) : (b < a)) || (a != a);
-        mine = take_b ? b : a;
-    }
-    return mine;
-}
-
 extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
@@ -95,68 +90,105 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     float k_scale,                               // () FP8-key presets: per-layer K scale
     int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
 {
-    __shared__ unsigned char s_codes[TQ_WARPS][TQ_E * 32];
-    __shared__ unsigned short s_slot16[TQ_WARPS][TQ_SLOT_BYTES / 2];
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+    __shared__ unsigned char s_codes[TQ_WARPS * R][TQ_E * 32];
+    __shared__ unsigned short s_slot16[TQ_WARPS * R][TQ_SLOT_BYTES / 2];
 #if !TQ_KEY_FP8
     // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
     // constant-memory lookup would serialize and a register select chain costs registers.
     __shared__ float s_cent[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
+    __shared__ float s_mid[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
     __syncthreads();
 #endif
-    const int warp = threadIdx.x >> 5;
     const int lane = threadIdx.x & 31;
-    const long long row = (long long)blockIdx.x * TQ_WARPS + warp;  // token * H + head
-    if (row >= n_tokens * n_heads) return;  // warp-uniform from here on
-    const int h = (int)(row % n_heads);
-    const long long t = row / n_heads;
-    const long long slot = (long long)slot_mapping[t];
-    if (slot < 0) return;
-    if (slot >= capacity) {
-        if (lane == 0 && h == 0) atomicOr(error_flag, 1);
-        return;
+    const int g = lane / L;  // this lane's row in the warp
+    const int p = lane % L;  // its lane within the row
+    const int srow = (threadIdx.x >> 5) * R + g;  // the row's staging in shared memory
+    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
+    const bool in_range = row < n_tokens * n_heads;  // token * H + head
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t = 0, blk = 0, off = 0;
+    int h = 0;
+    long long slot = -1;
+    if (in_range) {
+        kv_row_token_head(row, n_heads, narrow, &t, &h);
+        slot = (long long)slot_mapping[t];
+        if (slot >= capacity) {
+            if (p == 0 && h == 0) atomicOr(error_flag, 1);
+            slot = -1;
+        }
     }
-    const long long blk = slot / block_size;
-    const long long off = slot - blk * block_size;
-    unsigned char* sb = reinterpret_cast<unsigned char*>(s_slot16[warp]);
-    unsigned char* sc = s_codes[warp];
-    const long long src = row * KV_HEAD_DIM;
-    const int i0 = lane * TQ_E;
+    const bool active = slot >= 0;  // row-uniform
+    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    unsigned char* sb = reinterpret_cast<unsigned char*>(s_slot16[srow]);
+    unsigned char* sc = s_codes[srow];
+    const long long src = active ? row * KV_HEAD_DIM : 0;
+    const float nan = __uint_as_float(0x7FC00000u);
+    // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
+    float x[R][TQ_E];
 
     // ---- K ----
 #if TQ_KEY_FP8
 #pragma unroll
-    for (int j = 0; j < TQ_E; ++j) {
-        int i = i0 + j;
-        if (i < KV_HEAD_DIM) sb[i] = (unsigned char)kv_e4m3_encode(__fdiv_rn(kv_input_to_float<KV_IN_DTYPE>(k, src + i), k_scale));
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int j = 0; j < TQ_E; ++j) {
+            const int i = (p + L * r) * TQ_E + j;
+            if (active && i < KV_HEAD_DIM)
+                sb[i] = (unsigned char)kv_e4m3_encode(__fdiv_rn(kv_input_to_float<KV_IN_DTYPE>(k, src + i), k_scale));
+        }
     }
 #else
     {
-        float x[TQ_E];
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) x[j] = kv_input_to_float<KV_IN_DTYPE>(k, src + i0 + j);
-        const float n = __fsqrt_rn(kv_warp_sum_squares<TQ_E>(x));
-        const unsigned int sbits = kTqSignMask.w[i0 >> 5] >> (i0 & 31);
+        for (int r = 0; r < R; ++r) {
+            if (active) {
+                kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, x[r]);  // D = 32 E
+            } else {
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) x[j] = __fmul_rn(x[j], ((sbits >> j) & 1u) ? -1.0f : 1.0f);
-        kv_warp_fwht<TQ_E>(x);
+                for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+            }
+        }
+        const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i0 = (p + L * r) * TQ_E;
+            const unsigned int sbits = kTqSignMask.w[i0 >> 5] >> (i0 & 31);
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) x[r][j] = __fmul_rn(x[r][j], ((sbits >> j) & 1u) ? -1.0f : 1.0f);
+        }
+        kv_vlane_fwht<R, TQ_E>(x);
         const float den = __fmul_rn(TQ_SQRT_D, n);
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) {
-            float y = 0.0f;
-            if (den != 0.0f) y = __fdiv_rn(x[j], den);
-            int idx = 0;
+        for (int r = 0; r < R; ++r) {
 #pragma unroll
-            for (int m = 0; m < TQ_NUM_CENTROIDS - 1; ++m) idx += kTqMidpoints[m] <= y ? 1 : 0;
-            sc[i0 + j] = (unsigned char)idx;
-            x[j] = s_cent[idx];
+            for (int j = 0; j < TQ_E; ++j) {
+                float y = 0.0f;
+                if (den != 0.0f) y = __fdiv_rn(x[r][j], den);
+                // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
+                // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
+                // (or the NaN pad) compares false, as in the linear count.
+                int idx = 0;
+#pragma unroll
+                for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
+                    if (s_mid[idx + step - 1] <= y) idx += step;
+                sc[(p + L * r) * TQ_E + j] = (unsigned char)idx;
+                x[r][j] = s_cent[idx];
+            }
         }
-        const float cn = __fsqrt_rn(kv_warp_sum_squares<TQ_E>(x));
+        const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
         float ratio = 0.0f;
         if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
         __syncwarp();
-        for (int j = lane; j < TQ_KEY_INDEX_BYTES; j += 32) sb[j] = (unsigned char)kv_pack_byte<TQ_KEY_BITS>(sc, j, KV_HEAD_DIM);
-        if (lane == 0) {
+        for (int j = p; j < TQ_KEY_INDEX_BYTES; j += L) sb[j] = (unsigned char)kv_pack_byte<TQ_KEY_BITS>(sc, j, KV_HEAD_DIM);
+        if (p == 0) {
             unsigned int bits = kv_f16_bits_sat(ratio);
             sb[TQ_KEY_NORM_OFFSET] = (unsigned char)(bits & 0xFFu);
             sb[TQ_KEY_NORM_OFFSET + 1] = (unsigned char)(bits >> 8);
@@ -167,37 +199,50 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
 
     // ---- V ----
     {
-        float x[TQ_E];
-        const float nan = __uint_as_float(0x7FC00000u);
+        float lo[R], hi[R];
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) x[j] = (i0 + j < KV_HEAD_DIM) ? kv_input_to_float<KV_IN_DTYPE>(v, src + i0 + j) : nan;
-        float lo = x[0], hi = x[0];
+        for (int r = 0; r < R; ++r) {
+            const int i0 = (p + L * r) * TQ_E;
+            if (active && i0 + TQ_E <= KV_HEAD_DIM) {
+                kv_load_inputs<KV_IN_DTYPE, TQ_E>(v, src + i0, x[r]);
+            } else {  // a row that stores nothing, or the lanes past D (FP8 keys, D % 32 != 0)
 #pragma unroll
-        for (int j = 1; j < TQ_E; ++j) {
-            if (x[j] < lo || lo != lo) lo = x[j];
-            if (x[j] > hi || hi != hi) hi = x[j];
+                for (int j = 0; j < TQ_E; ++j)
+                    x[r][j] = (active && i0 + j < KV_HEAD_DIM) ? kv_input_to_float<KV_IN_DTYPE>(v, src + i0 + j) : nan;
+            }
+            lo[r] = x[r][0];
+            hi[r] = x[r][0];
+#pragma unroll
+            for (int j = 1; j < TQ_E; ++j) {
+                if (x[r][j] < lo[r] || lo[r] != lo[r]) lo[r] = x[r][j];
+                if (x[r][j] > hi[r] || hi[r] != hi[r]) hi[r] = x[r][j];
+            }
         }
-        lo = kv_warp_first_extreme<false>(lo, lane);
-        hi = kv_warp_first_extreme<true>(hi, lane);
+        const float vlo = kv_vlane_first_extreme<false, R>(lo);
+        const float vhi = kv_vlane_first_extreme<true, R>(hi);
         const float top = (float)TQ_V_TOP;
-        float scale = __fdiv_rn(__fsub_rn(hi, lo), top);
+        float scale = __fdiv_rn(__fsub_rn(vhi, vlo), top);
         if (!(scale >= TQ_V_SCALE_FLOOR)) scale = TQ_V_SCALE_FLOOR;
 #pragma unroll
-        for (int j = 0; j < TQ_E; ++j) {
-            if (i0 + j < KV_HEAD_DIM) {
-                float q = floorf(__fadd_rn(__fdiv_rn(__fsub_rn(x[j], lo), scale), 0.5f));
-                if (!(q >= 0.0f)) q = 0.0f;
-                if (q > top) q = top;
-                sc[i0 + j] = (unsigned char)(int)q;
+        for (int r = 0; r < R; ++r) {
+            const int i0 = (p + L * r) * TQ_E;
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) {
+                if (i0 + j < KV_HEAD_DIM) {
+                    float q = floorf(__fadd_rn(__fdiv_rn(__fsub_rn(x[r][j], vlo), scale), 0.5f));
+                    if (!(q >= 0.0f)) q = 0.0f;
+                    if (q > top) q = top;
+                    sc[i0 + j] = (unsigned char)(int)q;
+                }
             }
         }
         __syncwarp();
-        for (int j = lane; j < kv_packed_bytes(KV_HEAD_DIM, TQ_VALUE_BITS); j += 32) {
+        for (int j = p; j < kv_packed_bytes(KV_HEAD_DIM, TQ_VALUE_BITS); j += L) {
             sb[TQ_VALUE_OFFSET + j] = (unsigned char)kv_pack_byte<TQ_VALUE_BITS>(sc, j, KV_HEAD_DIM);
         }
-        if (lane == 0) {
+        if (p == 0) {
             unsigned int sbits = kv_f16_bits_sat(scale);
-            unsigned int zbits = kv_f16_bits_sat(lo);
+            unsigned int zbits = kv_f16_bits_sat(vlo);
             sb[TQ_VALUE_SCALE_OFFSET] = (unsigned char)(sbits & 0xFFu);
             sb[TQ_VALUE_SCALE_OFFSET + 1] = (unsigned char)(sbits >> 8);
             sb[TQ_VALUE_ZERO_OFFSET] = (unsigned char)(zbits & 0xFFu);
@@ -208,11 +253,12 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     }
 
     // ---- store the slot ----
+    if (!active) return;
     unsigned char* dst = slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token;
     if ((reinterpret_cast<unsigned long long>(dst) & 1ull) == 0) {
         unsigned short* d16 = reinterpret_cast<unsigned short*>(dst);
-        for (int j = lane; j < TQ_SLOT_BYTES / 2; j += 32) d16[j] = s_slot16[warp][j];
+        for (int j = p; j < TQ_SLOT_BYTES / 2; j += L) d16[j] = s_slot16[srow][j];
     } else {
-        for (int j = lane; j < TQ_SLOT_BYTES; j += 32) dst[j] = sb[j];
+        for (int j = p; j < TQ_SLOT_BYTES; j += L) dst[j] = sb[j];
     }
 }

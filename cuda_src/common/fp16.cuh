@@ -136,3 +136,89 @@ __device__ __forceinline__ float kv_input_to_float(const void* p, long long i) {
     unsigned int bits = static_cast<const unsigned short*>(p)[i];
     return DT == 1 ? kv_f16_to_float(bits) : kv_bf16_to_float(bits);
 }
+
+// N consecutive write-input elements from element i into x, DT as in kv_input_to_float: the
+// widest vector loads that N and the address's alignment allow (16, 8 or 4 bytes), else one
+// load per element. The values are kv_input_to_float's either way.
+template <int DT, int N>
+__device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float (&x)[N]) {
+    if constexpr (DT == 0) {
+        const float* s = static_cast<const float*>(p) + i;
+        const unsigned long long a = reinterpret_cast<unsigned long long>(s);
+        if constexpr (N % 4 == 0) {
+            if ((a & 15ull) == 0) {
+#pragma unroll
+                for (int j = 0; j < N / 4; ++j) {
+                    const float4 w = reinterpret_cast<const float4*>(s)[j];
+                    x[4 * j] = w.x;
+                    x[4 * j + 1] = w.y;
+                    x[4 * j + 2] = w.z;
+                    x[4 * j + 3] = w.w;
+                }
+                return;
+            }
+        }
+        if constexpr (N % 2 == 0) {
+            if ((a & 7ull) == 0) {
+#pragma unroll
+                for (int j = 0; j < N / 2; ++j) {
+                    const float2 w = reinterpret_cast<const float2*>(s)[j];
+                    x[2 * j] = w.x;
+                    x[2 * j + 1] = w.y;
+                }
+                return;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[j] = s[j];
+    } else {
+        const unsigned short* s = static_cast<const unsigned short*>(p) + i;
+        const unsigned long long a = reinterpret_cast<unsigned long long>(s);
+        unsigned int w[(N + 1) / 2];  // element j in the low (j even) or high half of w[j / 2]
+        bool loaded = false;
+        if constexpr (N % 8 == 0) {
+            if ((a & 15ull) == 0) {
+#pragma unroll
+                for (int j = 0; j < N / 8; ++j) {
+                    const uint4 u = reinterpret_cast<const uint4*>(s)[j];
+                    w[4 * j] = u.x;
+                    w[4 * j + 1] = u.y;
+                    w[4 * j + 2] = u.z;
+                    w[4 * j + 3] = u.w;
+                }
+                loaded = true;
+            }
+        }
+        if constexpr (N % 4 == 0) {
+            if (!loaded && (a & 7ull) == 0) {
+#pragma unroll
+                for (int j = 0; j < N / 4; ++j) {
+                    const uint2 u = reinterpret_cast<const uint2*>(s)[j];
+                    w[2 * j] = u.x;
+                    w[2 * j + 1] = u.y;
+                }
+                loaded = true;
+            }
+        }
+        if constexpr (N % 2 == 0) {
+            if (!loaded && (a & 3ull) == 0) {
+#pragma unroll
+                for (int j = 0; j < N / 2; ++j) w[j] = reinterpret_cast<const unsigned int*>(s)[j];
+                loaded = true;
+            }
+        }
+        if (!loaded) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const unsigned int b = s[j];
+                w[j / 2] = (j % 2) ? (w[j / 2] | (b << 16)) : b;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < N; ++j) {
+            const unsigned int bits = (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;
+            x[j] = DT == 1 ? kv_f16_to_float(bits) : kv_bf16_to_float(bits);
+        }
+    }
+}
+

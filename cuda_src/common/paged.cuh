@@ -32,3 +32,40 @@ __device__ __forceinline__ bool kv_seq_len_ok(int seq_len, int q_len, int max_bl
 __device__ __forceinline__ bool kv_page_ok(int page, int num_blocks) {
     return page >= 0 && page < num_blocks;
 }
+
+// Write kernels: the (token, head) of a row (row = token * H + head) and the (page, offset)
+// of a slot (slot = page * block_size + offset). narrow: every operand below 2^32 (the
+// caller's uniform test), so 32-bit unsigned divisions do (a 64-bit division by a run-time
+// divisor costs several times as many instructions); exact either way.
+__device__ __forceinline__ void kv_row_token_head(long long row, int n_heads, bool narrow,
+                                                  long long* token, int* head) {
+    if (narrow) {
+        const unsigned r = (unsigned)row;
+        const unsigned t = r / (unsigned)n_heads;
+        *token = (long long)t;
+        *head = (int)(r - t * (unsigned)n_heads);
+    } else {
+        const long long t = row / n_heads;
+        *token = t;
+        *head = (int)(row - t * n_heads);
+    }
+}
+__device__ __forceinline__ void kv_slot_page(long long slot, int block_size, bool narrow,
+                                             long long* page, long long* offset) {
+    if (narrow) {
+        const unsigned s = (unsigned)slot;
+        const unsigned b = s / (unsigned)block_size;
+        *page = (long long)b;
+        *offset = (long long)(s - b * (unsigned)block_size);
+    } else {
+        const long long b = slot / block_size;
+        *page = b;
+        *offset = slot - b * block_size;
+    }
+}
+// The narrow test for n_tokens x n_heads rows and a cache of capacity slots.
+__device__ __forceinline__ bool kv_write_indices_narrow(long long n_tokens, int n_heads,
+                                                        long long capacity) {
+    return n_tokens * n_heads <= 0xFFFFFFFFll && capacity <= 0xFFFFFFFFll;
+}
+

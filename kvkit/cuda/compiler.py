@@ -325,6 +325,10 @@ def representative_builds() -> list[tuple[str, str, dict[str, str]]]:
             for name in names:
                 defines = dict(formats.get(name, 128).cuda_defines())
                 defines.update(KV_IN_DTYPE="1", KV_SLOT_T="long long")
+                if kind == "write" and family == "turboquant":
+                    from .write import tq_rows_per_warp
+
+                    defines["TQ_RPW"] = str(tq_rows_per_warp(128))
                 builds.append((entry, name, defines))
     if (root / "decode_merge.cu").is_file():
         builds.append(("decode_merge.cu", "merge", {"KV_HEAD_DIM": "128"}))

@@ -12,8 +12,8 @@ fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8
                           (write_dense.cu)          256 threads per CTA
 nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
                           (write_nvfp4.cu)          128 threads per CTA
-turboquant_*              ``kvkit_write_turboquant``  1 warp per (token, head), 4 warps per CTA
-                          (write_turboquant.cu)
+turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
+                          (write_turboquant.cu)     512), 4 warps per CTA
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
@@ -42,6 +42,13 @@ DENSE_CHUNK = 8
 NVFP4_THREADS = 128
 NVFP4_BLOCK = 16
 TQ_WARPS = 4
+
+
+def tq_rows_per_warp(head_dim: int) -> int:
+    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define): 4,
+    or 2 when a lane's 32-bit share of a row, ceil(D / 32) floats per spec lane, exceeds 8
+    (D = 512, FP8 keys), where 4 rows would not fit in registers."""
+    return 4 if -(-head_dim // 32) <= 8 else 2
 
 
 def _family(fmt: Format) -> str:
@@ -154,6 +161,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         args = head + planes + [ks, vs, layer.error_flag]
         _launch(record, kern, _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS), NVFP4_THREADS, args)
     else:
+        rows_per_warp = tq_rows_per_warp(d)
+        defines["TQ_RPW"] = str(rows_per_warp)
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
-        _launch(record, kern, _grid(n * h, TQ_WARPS), TQ_WARPS * 32, args)
+        _launch(record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), TQ_WARPS * 32, args)
