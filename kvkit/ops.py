@@ -13,6 +13,7 @@ synchronizes and raises the CPU backend's error for it.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +22,7 @@ from .cache import CacheLayer
 from .cpu import backend as cpu_backend
 from .cpu.decode import decode_pages
 from .cpu.merge import merge_states as _merge_states_cpu
+from .cuda import plain_steps
 from .cuda.arrays import as_cupy, is_device_array
 from .decode_args import check_decode_args, check_decode_indices, check_decode_shapes
 
@@ -166,14 +168,28 @@ def write_kv(
 
 
 def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> None:
+    import cupy
+
     from .cuda import write as cuda_write
 
     kc, k_dtype = as_cupy(k, "k")
     vc, v_dtype = as_cupy(v, "v")
+    sc, s_dtype = as_cupy(slot_mapping, "slot_mapping")
+    # As for decode (kvkit.cuda.plain_steps): a repeated signature replays its launch.
+    replay_key = None
+    if not validate and kc.flags.c_contiguous and vc.flags.c_contiguous and sc.flags.c_contiguous:
+        replay_key = (
+            "write", id(layer), cupy.cuda.runtime.getDevice(),
+            cupy.cuda.get_current_stream().ptr, plain_steps.kernel_choice_env(),
+            kc.shape, k_dtype, vc.shape, v_dtype, sc.shape, s_dtype,
+        )  # fmt: skip
+        step = plain_steps.lookup(replay_key, layer)
+        if step is not None:
+            step.run(cupy.cuda.get_current_stream().ptr, dict(k=kc, v=vc, slots=sc))
+            return
     _check_kv_meta(layer, _meta(kc, k_dtype), _meta(vc, v_dtype))
     if k_dtype != v_dtype:
         raise TypeError(f"k and v must share one dtype on the GPU path, got {k_dtype}, {v_dtype}")
-    sc, s_dtype = as_cupy(slot_mapping, "slot_mapping")
     _check_slots_meta("slot_mapping", _meta(sc, s_dtype), kc.shape[0])
     for name, arr in (("k", kc), ("v", vc), ("slot_mapping", sc)):
         _contiguous(name, arr)
@@ -181,7 +197,11 @@ def _write_kv_cuda(layer: CacheLayer, k, v, slot_mapping, validate: bool) -> Non
         return
     if validate:
         layer.error_flag.fill(0)
-    cuda_write.write_rows(layer, kc, vc, sc, k_dtype)
+    record = [] if replay_key is not None and plain_steps.worth_recording(replay_key) else None
+    cuda_write.write_rows(layer, kc, vc, sc, k_dtype, record=record)
+    if record:
+        arrays = dict(k=kc, v=vc, slots=sc)
+        plain_steps.store(replay_key, plain_steps.PlainStep(layer, record, arrays))
     if validate:
         n = kc.shape[0]
         _raise_device_errors(
@@ -323,6 +343,21 @@ def _decode_cuda(
     tc, t_dtype = as_cupy(block_tables, "block_tables")
     lc, l_dtype = as_cupy(seq_lens, "seq_lens")
     sc, s_dtype = (None, None) if sinks is None else as_cupy(sinks, "sinks")
+    # A plain call whose signature ran before replays that call's launches (kvkit.cuda.
+    # plain_steps): same checks passed, same arguments but for the per-call arrays.
+    replay_key = None
+    if workspace is None and record is None and not validate:
+        if qc.flags.c_contiguous and tc.flags.c_contiguous and lc.flags.c_contiguous:
+            device, stream = cupy.cuda.runtime.getDevice(), cupy.cuda.get_current_stream().ptr
+            replay_key = (
+                id(layer), device, stream, plain_steps.kernel_choice_env(),
+                qc.shape, q_dtype, tc.shape, t_dtype, lc.shape, l_dtype,
+                None if sc is None else (sc.shape, s_dtype), float(scale), num_splits, window,
+                softcap,
+            )  # fmt: skip
+            step = plain_steps.lookup(replay_key, layer)
+            if step is not None:
+                return _replay_plain(step, qc, tc, lc, sc, return_lse)
     q_meta = _meta(qc, q_dtype)
     _, q_len, _ = check_decode_shapes(
         q_meta, _meta(tc, t_dtype), _meta(lc, l_dtype),
@@ -338,10 +373,23 @@ def _decode_cuda(
     sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
     if validate:
         layer.error_flag.fill(0)
-    o, lse = cuda_decode.decode(
-        q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits, window=window,
-        sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
-    )  # fmt: skip
+    partials = None
+    if replay_key is not None and plain_steps.worth_recording(replay_key):
+        # A repeated signature: record this call, its split partials in the buffer that the
+        # steps of this stream share, enqueued under the lock that keeps a step's stage 1 and
+        # merge adjacent on the stream (kvkit.cuda.plain_steps).
+        record = []
+        partials = plain_steps.shared_partials(device, stream)
+    with plain_steps.enqueue_lock if partials is not None else nullcontext():
+        o, lse = cuda_decode.decode(
+            q4, q_dtype, layer, tc, lc, scale=float(scale), num_splits=num_splits,
+            window=window, sinks=sinks32, softcap=softcap, workspace=workspace, record=record,
+            partials=None if partials is None else partials.carve,
+        )  # fmt: skip
+    if replay_key is not None and record:  # recorded above (a repeated signature)
+        arrays = dict(q=q4, tables=tc, lens=lc, sinks=sinks32, o=o, lse=lse)
+        step = plain_steps.PlainStep(layer, record, arrays, partials=partials)
+        plain_steps.store(replay_key, step)
     if validate:
         _raise_device_errors(
             layer,
@@ -353,6 +401,23 @@ def _decode_cuda(
                 block_size=layer.block_size,
             ),  # fmt: skip
         )
+    if single:
+        o, lse = o[:, 0], lse[:, 0]
+    return (o, lse) if return_lse else o
+
+
+def _replay_plain(step, qc, tc, lc, sc, return_lse: bool):
+    import cupy
+
+    o = cupy.empty(step.o_shape, dtype=cupy.float32)
+    lse = cupy.empty(step.lse_shape, dtype=cupy.float32)
+    single = qc.ndim == 3
+    q4 = qc.reshape(qc.shape[0], 1, *qc.shape[1:]) if single else qc
+    sinks32 = None if sc is None else cupy.ascontiguousarray(sc, dtype=cupy.float32)
+    arrays = dict(q=q4, tables=tc, lens=lc, o=o, lse=lse)
+    if sinks32 is not None:
+        arrays["sinks"] = sinks32
+    step.run(cupy.cuda.get_current_stream().ptr, arrays)
     if single:
         o, lse = o[:, 0], lse[:, 0]
     return (o, lse) if return_lse else o

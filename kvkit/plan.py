@@ -13,6 +13,7 @@ import math
 
 from ._checks import check_int
 from .cache import CacheLayer
+from .cuda.plain_steps import layer_launch_state
 from .ops import _check_layer, _decode_cuda, decode
 
 
@@ -131,15 +132,6 @@ class DecodePlan:
         return out
 
 
-def _layer_state(layer) -> tuple:
-    """What a prepared step's packed arguments took from the layer: its arrays (by
-    identity; the prepared launches hold them, so the ids stay theirs), scales and sizes."""
-    return (
-        tuple(id(a) for a in layer.planes.values()), id(layer.error_flag),
-        layer.k_scale, layer.v_scale, layer.num_blocks, layer.block_size,
-    )  # fmt: skip
-
-
 class _PreparedStep:
     """The launches of one full CUDA run of a plan, packed (``kvkit.cuda.launch``), and the
     conditions under which replaying them with new q / block_tables / seq_lens pointers is
@@ -162,7 +154,7 @@ class _PreparedStep:
                 break
         self._inputs = tuple((type(a), a.shape, a.dtype) for a in (q, block_tables, seq_lens))
         self._device = q.data.device_id
-        self._state = _layer_state(layer)
+        self._state = layer_launch_state(layer)
         self._current_device = None  # cupy.cuda.runtime.getDevice, bound on first use
 
     def matches(self, layer, q, block_tables, seq_lens) -> bool:
@@ -179,7 +171,7 @@ class _PreparedStep:
                 return False
             if not a.flags.c_contiguous or a.data.device_id != self._device:
                 return False
-        return _layer_state(layer) == self._state
+        return layer_launch_state(layer) == self._state
 
     def launch(self, q, block_tables, seq_lens) -> None:
         import cupy

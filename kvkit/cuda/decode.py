@@ -286,6 +286,7 @@ def decode(
     softcap=None,
     workspace=None,
     record=None,
+    partials=None,
 ):
     """Split-K paged decode over one CUDA cache layer; asynchronous on the current stream.
 
@@ -311,6 +312,10 @@ def decode(
             args, shared_mem); stage 1's q, block_tables and seq_lens are its arguments
             STAGE1_Q_ARG, STAGE1_TABLES_ARG and STAGE1_LENS_ARG (``kvkit.DecodePlan``
             replays these through ``kvkit.cuda.launch``).
+        partials: None, or (without a workspace) a function ``(rows, num_splits, head_dim)
+            -> (m, l, acc)`` giving the split partial buffers, float32 (rows, S), (rows, S)
+            and (rows, S, D) with S >= num_splits and acc 16-byte aligned, in place of new
+            ones (``kvkit.cuda.plain_steps.SharedPartials.carve``, shared by recorded steps).
 
     Returns:
         (o, lse): CuPy float32 (B, q_len, Hq, D) and (B, q_len, Hq), natural log (the
@@ -412,6 +417,8 @@ def decode(
 
     if workspace is not None:
         m_part, l_part, acc_part = workspace.partials(num_splits)
+    elif partials is not None:
+        m_part, l_part, acc_part = partials(rows, num_splits, head_dim)
     else:
         m_part = cupy.empty((rows, num_splits), dtype=cupy.float32)
         l_part = cupy.empty((rows, num_splits), dtype=cupy.float32)

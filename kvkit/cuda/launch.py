@@ -75,3 +75,48 @@ class PreparedLaunch:
             self._func, *self._grid, *self._block, self._shared, int(stream_ptr),
             ctypes.addressof(self._params), 0,
         )  # fmt: skip
+
+
+class RecordedStep:
+    """The launches of one full call, packed, and where that call's per-call arrays sit
+    among their arguments, so a later call with new arrays of the same layout rewrites those
+    pointers and launches again, with none of the call's Python work.
+
+    Args:
+        record: ``(kernel, grid, block, args, shared_mem)`` per launch, in launch order (what
+            ``kvkit.cuda.decode.decode(..., record=...)`` appends).
+        per_call: name -> the array object the recorded call passed (found among each
+            launch's arguments by identity; a name may sit in several launches, or in none).
+        borrowed: further arrays among the arguments that the step must not keep alive (the
+            caller checks they are still there before each run).
+    """
+
+    def __init__(self, record, per_call: dict, borrowed=()):
+        self.launches = [PreparedLaunch(k, g, b, a, sm) for k, g, b, a, sm in record]
+        self.slots = {
+            name: [
+                (i, j)
+                for i, (_, _, _, args, _) in enumerate(record)
+                for j, arg in enumerate(args)
+                if arg is array
+            ]
+            for name, array in per_call.items()
+            if array is not None
+        }
+        # The launches keep the other arrays among their arguments alive (e.g. buffers the
+        # recorded call allocated); per-call and borrowed ones are the caller's.
+        foreign = [a for a in (*per_call.values(), *borrowed) if a is not None]
+        for launch in self.launches:
+            launch._arrays = [a for a in launch._arrays if not any(a is f for f in foreign)]
+
+    def rewrite(self, arrays: dict) -> None:
+        """Put ``arrays`` (name -> array, names as at recording) in the recorded ones' slots."""
+        for name, array in arrays.items():
+            for i, j in self.slots.get(name, ()):
+                self.launches[i].set_pointer(j, array)
+
+    def __call__(self, stream_ptr: int, arrays: dict) -> None:
+        """Launch on the stream with ``arrays`` in place of the recorded ones."""
+        self.rewrite(arrays)
+        for launch in self.launches:
+            launch(stream_ptr)

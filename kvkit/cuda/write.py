@@ -61,6 +61,12 @@ def _family(fmt: Format) -> str:
     raise TypeError(f"no CUDA kernel for {fmt!r}")
 
 
+def _launch(record, kern, grid: tuple[int], threads: int, args: list) -> None:
+    kern(grid, (threads,), tuple(args))
+    if record is not None:
+        record.append((kern, grid, (threads,), tuple(args), 0))
+
+
 def _grid(work: int, per_cta: int) -> tuple[int]:
     return ((work + per_cta - 1) // per_cta,)
 
@@ -104,7 +110,7 @@ def layer_head_args(layer: CacheLayer) -> list:
     return [np.int32(layer.num_kv_heads), np.int64(layer.capacity), np.int32(layer.block_size)]
 
 
-def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str) -> None:
+def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | None = None) -> None:
     """Quantize k, v (N, H, D) into the layer's planes at ``slots`` (N,), on the current stream.
 
     Args:
@@ -114,6 +120,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str) -> None:
             bits (``in_dtype="bfloat16"``).
         slots: CuPy int32 or int64 (N,); negative = padding, >= capacity sets error bit 1.
         in_dtype: "float32", "float16" or "bfloat16".
+        record: a list, or None; the launch is appended as ``(kernel, grid, block, args,
+            shared_mem)`` (``kvkit.cuda.plain_steps`` replays it).
     """
     fmt = layer.fmt
     if in_dtype not in IN_DTYPES:
@@ -144,17 +152,17 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str) -> None:
     if family == "dense":
         kern = get_kernel("write_dense.cu", "kvkit_write_dense", defines)
         args = head + plane_args(p["k"]) + plane_args(p["v"]) + [ks, vs, layer.error_flag]
-        kern(_grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS), (DENSE_THREADS,), tuple(args))
+        _launch(record, kern, _grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS), DENSE_THREADS, args)
     elif family == "nvfp4":
         kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
         planes = []
         for name in ("k_data", "k_scale", "v_data", "v_scale"):
             planes += plane_args(p[name])
         args = head + planes + [ks, vs, layer.error_flag]
-        kern(_grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS), (NVFP4_THREADS,), tuple(args))
+        _launch(record, kern, _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS), NVFP4_THREADS, args)
     else:
         rows_per_warp = tq_rows_per_warp(d)
         defines["TQ_RPW"] = str(rows_per_warp)
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
-        kern(_grid(n * h, TQ_WARPS * rows_per_warp), (TQ_WARPS * 32,), tuple(args))
+        _launch(record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), TQ_WARPS * 32, args)

@@ -57,3 +57,25 @@ def test_a_pointer_slot_is_rewritten_in_place():
 def test_ambiguous_arguments_are_refused(value):
     with pytest.raises(TypeError, match="cannot pack"):
         pack_argument(value)
+
+
+def test_a_recorded_step_rewrites_its_per_call_arrays_wherever_they_sit():
+    from kvkit.cuda.launch import RecordedStep
+
+    q, o, plane, part = (_FakeArray(p) for p in (0x1000, 0x2000, 0x3000, 0x4000))
+    record = [
+        (_FakeKernel(), (2,), (128,), [q, plane, np.int32(5), part, o], 512),
+        (_FakeKernel(), (8,), (64,), [part, o, np.float32(0.5)], 0),
+    ]
+    step = RecordedStep(record, {"q": q, "o": o, "sinks": None}, borrowed=[plane])
+    assert step.slots == {"q": [(0, 0)], "o": [(0, 4), (1, 1)]}
+    # Only the step's own buffers are kept alive, not the caller's per-call or borrowed ones.
+    assert [launch._arrays for launch in step.launches] == [[part], [part]]
+    first, second = step.launches
+    for i, j in [(0, 0), (0, 4), (1, 1)]:
+        step.launches[i].set_pointer(j, _FakeArray(0))  # scribble, then rewrite below
+    step.rewrite({"q": _FakeArray(0x9000), "o": _FakeArray(0xA000)})
+    assert _read(first, 0, ctypes.c_uint64) == 0x9000
+    assert _read(first, 4, ctypes.c_uint64) == 0xA000 == _read(second, 1, ctypes.c_uint64)
+    assert _read(first, 1, ctypes.c_uint64) == 0x3000  # the plane is the recorded one
+    assert _read(first, 3, ctypes.c_uint64) == 0x4000 == _read(second, 0, ctypes.c_uint64)
