@@ -26,6 +26,7 @@
 #define KV_FAMILY_TABLE_FLOATS 0
 
 #include "common/decode_codes.cuh"
+#include "common/vload.cuh"
 
 #if KV_DENSE_ELEM == 1
 __device__ __forceinline__ float4 kv_dense_row4(const unsigned char* row, int d) {
@@ -79,27 +80,7 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
                                              unsigned* raw) {
     constexpr int VPL = KV_HEAD_DIM / 8;
-    const unsigned char* p = rows[1] + VPL * g;
-    if constexpr (VPL % 16 == 0) {
-#pragma unroll
-        for (int i = 0; i < VPL / 16; ++i) {
-            const uint4 w = reinterpret_cast<const uint4*>(p)[i];
-            raw[4 * i] = w.x;
-            raw[4 * i + 1] = w.y;
-            raw[4 * i + 2] = w.z;
-            raw[4 * i + 3] = w.w;
-        }
-    } else if constexpr (VPL % 8 == 0) {
-#pragma unroll
-        for (int i = 0; i < VPL / 8; ++i) {
-            const uint2 w = reinterpret_cast<const uint2*>(p)[i];
-            raw[2 * i] = w.x;
-            raw[2 * i + 1] = w.y;
-        }
-    } else {
-#pragma unroll
-        for (int i = 0; i < VPL / 4; ++i) raw[i] = reinterpret_cast<const unsigned*>(p)[i];
-    }
+    kv_load_words<VPL / 4, (VPL < 16 ? VPL : 16)>(rows[1] + VPL * g, raw);
 }
 // Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves).
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,

@@ -17,6 +17,7 @@
 // where the spec keeps the payload. The integer twins give the same bits for every input.
 #pragma once
 #include "common/arch.cuh"
+#include "common/vload.cuh"
 
 // m >> s rounded to nearest, ties to even (0 <= s <= 31; s == 0 returns m).
 __device__ __forceinline__ unsigned int kv_rshift_rne(unsigned int m, int s) {
@@ -144,69 +145,19 @@ template <int DT, int N>
 __device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float (&x)[N]) {
     if constexpr (DT == 0) {
         const float* s = static_cast<const float*>(p) + i;
-        const unsigned long long a = reinterpret_cast<unsigned long long>(s);
-        if constexpr (N % 4 == 0) {
-            if ((a & 15ull) == 0) {
+        unsigned int w[N];
+        if (kv_load_words_any<N>(s, w)) {
 #pragma unroll
-                for (int j = 0; j < N / 4; ++j) {
-                    const float4 w = reinterpret_cast<const float4*>(s)[j];
-                    x[4 * j] = w.x;
-                    x[4 * j + 1] = w.y;
-                    x[4 * j + 2] = w.z;
-                    x[4 * j + 3] = w.w;
-                }
-                return;
-            }
+            for (int j = 0; j < N; ++j) x[j] = __uint_as_float(w[j]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < N; ++j) x[j] = s[j];
         }
-        if constexpr (N % 2 == 0) {
-            if ((a & 7ull) == 0) {
-#pragma unroll
-                for (int j = 0; j < N / 2; ++j) {
-                    const float2 w = reinterpret_cast<const float2*>(s)[j];
-                    x[2 * j] = w.x;
-                    x[2 * j + 1] = w.y;
-                }
-                return;
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < N; ++j) x[j] = s[j];
     } else {
         const unsigned short* s = static_cast<const unsigned short*>(p) + i;
-        const unsigned long long a = reinterpret_cast<unsigned long long>(s);
         unsigned int w[(N + 1) / 2];  // element j in the low (j even) or high half of w[j / 2]
         bool loaded = false;
-        if constexpr (N % 8 == 0) {
-            if ((a & 15ull) == 0) {
-#pragma unroll
-                for (int j = 0; j < N / 8; ++j) {
-                    const uint4 u = reinterpret_cast<const uint4*>(s)[j];
-                    w[4 * j] = u.x;
-                    w[4 * j + 1] = u.y;
-                    w[4 * j + 2] = u.z;
-                    w[4 * j + 3] = u.w;
-                }
-                loaded = true;
-            }
-        }
-        if constexpr (N % 4 == 0) {
-            if (!loaded && (a & 7ull) == 0) {
-#pragma unroll
-                for (int j = 0; j < N / 4; ++j) {
-                    const uint2 u = reinterpret_cast<const uint2*>(s)[j];
-                    w[2 * j] = u.x;
-                    w[2 * j + 1] = u.y;
-                }
-                loaded = true;
-            }
-        }
-        if constexpr (N % 2 == 0) {
-            if (!loaded && (a & 3ull) == 0) {
-#pragma unroll
-                for (int j = 0; j < N / 2; ++j) w[j] = reinterpret_cast<const unsigned int*>(s)[j];
-                loaded = true;
-            }
-        }
+        if constexpr (N % 2 == 0) loaded = kv_load_words_any<N / 2>(s, w);
         if (!loaded) {
 #pragma unroll
             for (int j = 0; j < N; ++j) {

@@ -13,7 +13,6 @@
 // behaviour never reach the bytes. The software twin is integer arithmetic.
 #pragma once
 #include "common/arch.cuh"
-#include "common/fp16.cuh"
 
 // RNE of a magnitude to {0, .5, 1, 1.5, 2, 3, 4, 6} (codes 0..7) as the number of midpoints
 // below it, compared as float32 bit patterns (ordered like the values for a >= 0). A

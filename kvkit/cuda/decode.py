@@ -47,6 +47,7 @@ import numpy as np
 from .._checks import check_int, check_positive_finite
 from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
+from .launch import launch_and_record as _launch
 from .write import plane_args
 
 __all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
@@ -454,12 +455,6 @@ def decode(
 STAGE1_Q_ARG = 0
 STAGE1_TABLES_ARG = 21
 STAGE1_LENS_ARG = 23
-
-
-def _launch(record, kernel, grid, block, args, shared_mem: int) -> None:
-    kernel(grid, block, args, shared_mem=shared_mem)
-    if record is not None:
-        record.append((kernel, grid, block, args, shared_mem))
 
 
 #: The split heuristic on CUDA (kvkit.splits.choose_num_splits' wave model): stage-1 CTAs run

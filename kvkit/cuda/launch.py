@@ -13,6 +13,16 @@ import ctypes
 
 import numpy as np
 
+
+def launch_and_record(record, kernel, grid, block, args, shared_mem: int = 0) -> None:
+    """Launch a CuPy RawKernel on the current stream and, when ``record`` is a list, append
+    ``(kernel, grid, block, args, shared_mem)``: the form ``RecordedStep`` replays (the
+    decode and write wrappers record through here for DecodePlan and plain-call replays)."""
+    kernel(grid, block, args, shared_mem=shared_mem)
+    if record is not None:
+        record.append((kernel, grid, block, args, shared_mem))
+
+
 # NumPy scalar types a kernel argument may have -> the ctypes type of the same bytes.
 _SCALARS = {
     np.dtype(np.int32): ctypes.c_int32,

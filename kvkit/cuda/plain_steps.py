@@ -114,10 +114,17 @@ def _device_empty(size: int):
     return cupy.empty((size,), dtype=cupy.float32)
 
 
+def _partials_layout(rows: int, num_splits: int, head_dim: int) -> tuple[int, int, int]:
+    """Offsets (in float32) of m and l after acc at 0, and the total, with alignment."""
+    parts = rows * num_splits
+    m_start = _aligned(parts * head_dim)
+    l_start = m_start + _aligned(parts)
+    return m_start, l_start, l_start + _aligned(parts)
+
+
 def partials_size(rows: int, num_splits: int, head_dim: int) -> int:
     """float32 elements ``SharedPartials.carve`` needs for acc, m and l, with alignment."""
-    parts = rows * num_splits
-    return _aligned(parts * head_dim) + 2 * _aligned(parts)
+    return _partials_layout(rows, num_splits, head_dim)[2]
 
 
 class SharedPartials:
@@ -136,13 +143,11 @@ class SharedPartials:
         """(m, l, acc): float32 views (rows, S), (rows, S), (rows, S, D) of the buffer, with
         S = num_splits, each 256-byte aligned; what ``kvkit.cuda.decode.decode`` takes as
         ``partials``."""
-        need = partials_size(rows, num_splits, head_dim)
+        m_start, l_start, need = _partials_layout(rows, num_splits, head_dim)
         if self.flat is None or self.flat.size < need:
             old = 0 if self.flat is None else self.flat.size
             self.flat = _device_empty(max(need, 2 * old))
         parts = rows * num_splits
-        acc_end = _aligned(parts * head_dim)
-        m_start, l_start = acc_end, acc_end + _aligned(parts)
         acc = self.flat[: parts * head_dim].reshape(rows, num_splits, head_dim)
         m = self.flat[m_start : m_start + parts].reshape(rows, num_splits)
         l_sum = self.flat[l_start : l_start + parts].reshape(rows, num_splits)

@@ -28,6 +28,7 @@ import numpy as np
 
 from ..formats import DenseFormat, Format, FP8Format, NVFP4Format, TurboQuantFormat
 from .compiler import get_kernel
+from .launch import launch_and_record
 
 if TYPE_CHECKING:
     from ..cache import CacheLayer
@@ -59,12 +60,6 @@ def _family(fmt: Format) -> str:
     if isinstance(fmt, TurboQuantFormat):
         return "turboquant"
     raise TypeError(f"no CUDA kernel for {fmt!r}")
-
-
-def _launch(record, kern, grid: tuple[int], threads: int, args: list) -> None:
-    kern(grid, (threads,), tuple(args))
-    if record is not None:
-        record.append((kern, grid, (threads,), tuple(args), 0))
 
 
 def _grid(work: int, per_cta: int) -> tuple[int]:
@@ -152,17 +147,31 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
     if family == "dense":
         kern = get_kernel("write_dense.cu", "kvkit_write_dense", defines)
         args = head + plane_args(p["k"]) + plane_args(p["v"]) + [ks, vs, layer.error_flag]
-        _launch(record, kern, _grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS), DENSE_THREADS, args)
+        launch_and_record(
+            record,
+            kern,
+            _grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS),
+            (DENSE_THREADS,),
+            tuple(args),
+        )
     elif family == "nvfp4":
         kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
         planes = []
         for name in ("k_data", "k_scale", "v_data", "v_scale"):
             planes += plane_args(p[name])
         args = head + planes + [ks, vs, layer.error_flag]
-        _launch(record, kern, _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS), NVFP4_THREADS, args)
+        launch_and_record(
+            record,
+            kern,
+            _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS),
+            (NVFP4_THREADS,),
+            tuple(args),
+        )
     else:
         rows_per_warp = tq_rows_per_warp(d)
         defines["TQ_RPW"] = str(rows_per_warp)
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
-        _launch(record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), TQ_WARPS * 32, args)
+        launch_and_record(
+            record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), (TQ_WARPS * 32,), tuple(args)
+        )

@@ -85,6 +85,18 @@ def e4m3_software(x: np.ndarray) -> np.ndarray:
     return np.where(nan, 0x7F, code).astype(np.uint8)
 
 
+#: kv_e2m1_mag_sw's thresholds: (float32 bits of the midpoint, counted only when exceeded).
+_E2M1_MIDPOINT_BITS = (
+    (0x3E800000, True),  # 0.25
+    (0x3F400000, False),  # 0.75
+    (0x3FA00000, True),  # 1.25
+    (0x3FE00000, False),  # 1.75
+    (0x40200000, True),  # 2.5
+    (0x40600000, False),  # 3.5
+    (0x40A00000, True),  # 5.0
+)
+
+
 def e2m1_software(x: np.ndarray) -> np.ndarray:
     """kv_e2m1_encode on targets without KVKIT_HW_FP4: float32 -> code 0..15 (uint8)."""
     u = _bits(x)
@@ -98,18 +110,6 @@ def e2m1_software(x: np.ndarray) -> np.ndarray:
     )
     code = mag | ((u >> 28) & 0x8)
     return np.where(nan, 0x7, code).astype(np.uint8)
-
-
-#: kv_e2m1_mag_sw's thresholds: (float32 bits of the midpoint, counted only when exceeded).
-_E2M1_MIDPOINT_BITS = (
-    (0x3E800000, True),  # 0.25
-    (0x3F400000, False),  # 0.75
-    (0x3FA00000, True),  # 1.25
-    (0x3FE00000, False),  # 1.75
-    (0x40200000, True),  # 2.5
-    (0x40600000, False),  # 3.5
-    (0x40A00000, True),  # 5.0
-)
 
 
 def f16_software(x: np.ndarray, saturate: bool = False) -> np.ndarray:
