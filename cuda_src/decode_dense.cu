@@ -59,8 +59,8 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
     return kv_dense_row4(rows[1], d);
 }
 
-// Tensor-core hooks (common/decode_mma.cuh): fp16 and E4M3 values are exact fp16 operands.
-// bf16 keeps the CUDA-core path (its values do not fit fp16's exponent range).
+// Tensor-core hooks (common/decode_mma.cuh): fp16 and E4M3 values are exact fp16 operands;
+// bf16 values (outside fp16's exponent range) are exact bf16 operands (KV_MMA_BF16).
 #if KV_DENSE_ELEM == 1
 #define KV_MMA 1
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
@@ -91,13 +91,15 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
     *w0 = kv_dc_e4m3x2_f16x2(e & 0xFFFFu);
     *w1 = kv_dc_e4m3x2_f16x2(e >> 16);
 }
-#elif !KV_DENSE_BF16
+#else
 #define KV_MMA 1
 #define KV_MMA_KF 1.0f
 #define KV_MMA_VF 1.0f
-// fp16 K and V rows are read from the staging by ldmatrix (16-byte aligned rows).
+// fp16 / bf16 K and V rows are read from the staging by ldmatrix (16-byte aligned rows);
+// bf16 ones are bf16 mma operands (decode_mma.cuh KV_MMA_BF16).
 #define KV_MMA_K_DIRECT 1
 #define KV_MMA_V_DIRECT 1
+#define KV_MMA_BF16 KV_DENSE_BF16
 #endif
 
 #include "common/decode_core.cuh"

@@ -58,6 +58,10 @@
 //                     VPL - 1 (VPL = D / 8) into KV_MMA_VRAW words, and
 //                     kv_mma_vpair(raw_a, raw_b, j, &w0, &w1) returns dims VPL g + 2 j (w0)
 //                     and + 1 (w1) of tokens a (low half) and b (high half)
+//   KV_MMA_BF16       1: bf16 keys and values, read from the staged rows (K_DIRECT and
+//                     V_DIRECT): scores and PV on bf16 mma, the query rows and P split in
+//                     three bf16 parts each (hi + mid + lo: 24 bits, so every product is
+//                     exact as in the fp16 case; bf16's exponent range needs no scaling).
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
 #pragma once
 
@@ -79,12 +83,18 @@
 #ifndef KV_MMA_V_REGS
 #define KV_MMA_V_REGS 0
 #endif
-// fp16 queries without a rotation are exact fp16: no lo part, no row scaling.
-#if KV_IN_DTYPE == 1 && !KV_ROTATE_Q
+#ifndef KV_MMA_BF16
+#define KV_MMA_BF16 0
+#endif
+// fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
+// scaling.
+#if KV_IN_DTYPE == 1 && !KV_ROTATE_Q && !KV_MMA_BF16
 #define KV_MMA_QSPLIT 0
 #else
 #define KV_MMA_QSPLIT 1
 #endif
+// The PV mma on bf16 operands (value codes, or bf16 values), else on fp16.
+#define KV_MMA_PV_BF16 (KV_MMA_VCODES || KV_MMA_BF16)
 
 namespace kvm {
 using kvd::D;
@@ -128,7 +138,8 @@ constexpr int SCRATCH = QF_IN_STAGE ? VT_BYTES : (VT_BYTES > QF_BYTES ? VT_BYTES
 constexpr int OFF_VT = 0;                                     // V tiles
 constexpr int OFF_QH = kvd::a16(SCRATCH);                     // fp16 [16][QSTR] hi
 constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
-constexpr int OFF_RS = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // float [16]
+constexpr int OFF_QM = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // bf16 mid
+constexpr int OFF_RS = OFF_QM + kvd::a16(KV_MMA_BF16 ? 16 * QSTR * 2 : 0);    // float [16]
 constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
 constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
 constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
@@ -239,7 +250,7 @@ __device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* 
         float t4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int k = 0; k < NPART; ++k) {
-#if KV_MMA_VCODES
+#if KV_MMA_PV_BF16
             kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
 #else
             kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
@@ -307,6 +318,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     float* qf_s = reinterpret_cast<float*>(kv_smem + OFF_QF);
     unsigned short* qh_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_QH);
     unsigned short* ql_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_QL);
+    unsigned short* qm_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_QM);
+    (void)qm_s;
     float* rs_s = reinterpret_cast<float*>(kv_smem + OFF_RS);
     float* ml_s = reinterpret_cast<float*>(kv_smem + OFF_ML);
     int* tp_ring = reinterpret_cast<int*>(kv_smem + OFF_TP);
@@ -402,7 +415,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 const float x0 = qf_s[r * D + d] * up * up2;
                 const float x1 = qf_s[r * D + d + 1] * up * up2;
                 unsigned hi, lo;
+#if KV_MMA_BF16
+                unsigned t3[3];
+                kv_split3_bf16x2(x0, x1, t3);
+                hi = t3[0];
+                lo = t3[2];
+                *reinterpret_cast<unsigned*>(qm_s + r * QSTR + d) = t3[1];
+#else
                 kv_split_f16x2(x0, x1, &hi, &lo);
+#endif
                 *reinterpret_cast<unsigned*>(qh_s + r * QSTR + d) = hi;
 #if KV_MMA_QSPLIT
                 *reinterpret_cast<unsigned*>(ql_s + r * QSTR + d) = lo;
@@ -432,7 +453,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         // dims 16 ks + 8 (l >> 3): matrices b0, b1 of ks and b0, b1 of ks + 1.
         const unsigned qh_addr = kv_smem_addr(qh_s + (lane & 7) * QSTR + 8 * (lane >> 3));
         const unsigned ql_addr = kv_smem_addr(ql_s + (lane & 7) * QSTR + 8 * (lane >> 3));
+        const unsigned qm_addr = kv_smem_addr(qm_s + (lane & 7) * QSTR + 8 * (lane >> 3));
         (void)ql_addr;
+        (void)qm_addr;
         const int tw0 = warp * WT;
 
 #pragma unroll 1
@@ -476,13 +499,18 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             for (int ks = 0; ks < KS; ks += 2) {
                 unsigned qh[NR][4];
                 unsigned ql[NR][4];
+                unsigned qm[NR][4];
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
                     kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
 #if KV_MMA_QSPLIT
                     kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
 #endif
+#if KV_MMA_BF16
+                    kv_ldsm_x4(qm[nr], qm_addr + nr * 16 * QSTR + ks * 32);
+#endif
                 }
+                (void)qm;
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     unsigned ah[4];
@@ -495,12 +523,19 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #endif
 #pragma unroll
                     for (int nr = 0; nr < NR; ++nr) {
+#if KV_MMA_BF16
+                        // hi, mid, lo query parts into sc, sk, sq (summed in that order).
+                        kv_mma_bf16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
+                        kv_mma_bf16(sk[nr], ah, qm[nr][2 * u], qm[nr][2 * u + 1]);
+                        kv_mma_bf16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+#else
                         kv_mma_f16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #if KV_MMA_QSPLIT
                         kv_mma_f16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #endif
 #if KV_MMA_KSPLIT
                         kv_mma_f16(sk[nr], al, qh[nr][2 * u], qh[nr][2 * u + 1]);
+#endif
 #endif
                     }
                     (void)al;
@@ -511,11 +546,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) {
+#if KV_MMA_BF16
+                    sc[nr][i] = (sc[nr][i] + sk[nr][i]) + sq[nr][i];
+#else
 #if KV_MMA_QSPLIT
                     sc[nr][i] += sq[nr][i];
 #endif
 #if KV_MMA_KSPLIT
                     sc[nr][i] += sk[nr][i];
+#endif
 #endif
                 }
             }
@@ -610,6 +649,20 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
                 }
             }
+#elif KV_MMA_BF16
+            // P in [0, 1] as three bf16 parts (no scaling: bf16 has float32's range).
+            constexpr int NPART = 3;
+            unsigned bp[NR][NPART][2];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    unsigned t3[3];
+                    kv_split3_bf16x2(p[nr][0][tt], p[nr][1][tt], t3);
+#pragma unroll
+                    for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
+                }
+            }
 #else
             constexpr int NPART = 2;
             unsigned bp[NR][NPART][2];
@@ -690,6 +743,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     float* red = reinterpret_cast<float*>(stg);
 #if KV_MMA_VCODES
     constexpr float AF = 1.f;
+#elif KV_MMA_BF16
+    constexpr float AF = KV_MMA_VF;  // P was not scaled
 #else
     constexpr float AF = KV_MMA_VF / P_SCALE;
 #endif

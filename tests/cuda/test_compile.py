@@ -179,7 +179,7 @@ _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_decode_does_not_spill(arch):
     bad = []
-    for name in ("fp16", "fp8_e4m3", "nvfp4", *TQ):
+    for name in ("fp16", "bf16", "fp8_e4m3", "nvfp4", *TQ):
         fmt = formats.get(name, 128)
         for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1")):
             defines = dict(formats.get(name, d).cuda_defines())

@@ -189,14 +189,14 @@ def _stage1_threads(name, head_dim, group, q_len, q_dtype="float16"):
         ("turboquant_4bit_nc", 64, 16, 1, 128),
         ("nvfp4", 128, 8, 4, 256),  # 32 rows: more than one m16 tile
         ("fp8_e4m3", 256, 4, 1, 256),  # D = 256: the accumulators would spill
-        ("bf16", 128, 4, 1, 256),  # bf16 values are not fp16 operands
+        ("bf16", 128, 16, 1, 128),  # bf16 values as bf16 operands (KV_MMA_BF16)
     ],
 )
 def test_stage1_core_choice(cp, name, head_dim, group, q_len, threads):
     assert _stage1_threads(name, head_dim, group, q_len) == threads
 
 
-@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3", "nvfp4", "turboquant_4bit_nc",
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "nvfp4", "turboquant_4bit_nc",
                                   "turboquant_k8v4", "turboquant_3bit_nc"])  # fmt: skip
 def test_forced_cuda_core_matches_float64(cp, name, monkeypatch):
     # KVKIT_DECODE_SIMT=1 keeps the CUDA-core stage 1 covered where the tensor-core one runs.
@@ -205,6 +205,36 @@ def test_forced_cuda_core_matches_float64(cp, name, monkeypatch):
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=2, block_size=16,
                 seq_lens=[37, 16 * 5, 2], seed=3, window=40, sinks=True)  # fmt: skip
     check_against_reference(case)
+
+
+@pytest.mark.parametrize("q_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("exponent", [-70, 40])
+def test_bf16_cache_outside_the_fp16_range(cp, q_dtype, exponent):
+    """bf16 keys and values scaled by 2^exponent (far outside fp16's range, where an fp16
+    operand would flush or overflow) on the tensor-core core: float64 attention over the same
+    values, up to float32 rounding. The scores are K q, so q is scaled by the inverse."""
+    assert _stage1_threads("bf16", 128, 16, 1, q_dtype) == 128
+    case = Case("bf16", head_dim=128, hkv=2, group=16, q_len=1, block_size=16,
+                seq_lens=[70, 33], seed=11, q_dtype=q_dtype)  # fmt: skip
+    f = 2.0**exponent
+    for plane in case.gpu.planes.values():  # bf16 bits: scale by adding to the exponent
+        bits = cp.asarray(plane).view(cp.uint16).astype(cp.int32)
+        nonzero = (bits & 0x7FFF) != 0
+        plane[...] = cp.where(nonzero, bits + (exponent << 7), bits).astype(cp.uint16)
+    case.k_pages = case.k_pages * f
+    case.v_pages = case.v_pages * f
+    qs = case.q_vals / f
+    if q_dtype == "bfloat16":
+        case.q_host = codecs.bf16_bits_array(qs)
+        qs = codecs.bf16_values_array(case.q_host)
+    else:
+        case.q_host = qs.astype(np.float32)
+    case.q_vals = qs
+    ref_o, ref_lse = case.reference()
+    assert np.all(np.isfinite(ref_o)) and np.abs(ref_o).max() > f / 100
+    o, lse = case.run(None)
+    assert rel_error(o, ref_o) <= DECODE_GPU_RTOL
+    assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL
 
 
 @st.composite
