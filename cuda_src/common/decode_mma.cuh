@@ -621,9 +621,12 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // (c) O^T += V^T P^T: M = 16 dims per m-tile, N = 8 rows, K = the warp's 16
             // tokens. P^T's B fragments are the transposes (movmatrix) of the thread's
             // (token g | g + 8) x (rows 2c, 2c + 1) pairs.
-#if KV_MMA_VCODES
+#if KV_MMA_PV_BF16
+            // P (times scale_t for value codes; bf16 values: unscaled, bf16 has float32's
+            // range) as three bf16 parts.
             constexpr int NPART = 3;
-            float vs[2];
+            float vs[2] = {1.f, 1.f};
+#if KV_MMA_VCODES
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 float sc_t = 0.f, z_t = 0.f;
@@ -638,6 +641,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     }
                 }
             }
+#endif
             unsigned bp[NR][NPART][2];
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
@@ -645,20 +649,6 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int tt = 0; tt < 2; ++tt) {
                     unsigned t3[3];
                     kv_split3_bf16x2(p[nr][0][tt] * vs[tt], p[nr][1][tt] * vs[tt], t3);
-#pragma unroll
-                    for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
-                }
-            }
-#elif KV_MMA_BF16
-            // P in [0, 1] as three bf16 parts (no scaling: bf16 has float32's range).
-            constexpr int NPART = 3;
-            unsigned bp[NR][NPART][2];
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                for (int tt = 0; tt < 2; ++tt) {
-                    unsigned t3[3];
-                    kv_split3_bf16x2(p[nr][0][tt], p[nr][1][tt], t3);
 #pragma unroll
                     for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
                 }
