@@ -65,12 +65,21 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA 1
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
 #define KV_MMA_VF KV_E4M3_F16_FACTOR
-__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
-                                          const unsigned*, unsigned* h0, unsigned* h1,
-                                          unsigned* l0, unsigned* l1) {
-    const unsigned char* p = rows[0] + 16 * ks + 2 * c;
-    *h0 = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(p));
-    *h1 = kv_dc_e4m3x2_f16x2(*reinterpret_cast<const unsigned short*>(p + 8));
+// Keys straight into registers (decode_mma.cuh KV_MMA_K_REGS): lane c's run is the KPL =
+// D / 4 bytes at byte KPL c of the 16-byte aligned staged row, one or two vector loads per
+// token; k-step ks takes run bytes 4 ks .. 4 ks + 3 (word ks, its halves h0 and h1).
+#define KV_MMA_K_REGS 1
+#define KV_MMA_KRAW (KV_HEAD_DIM / 16)
+__device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 4 * ks + j; }
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+    constexpr int KPL = KV_HEAD_DIM / 4;
+    kv_load_words<KPL / 4, ((KPL & -KPL) < 16 ? (KPL & -KPL) : 16)>(rows[0] + KPL * c, raw);
+}
+__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, unsigned* h0,
+                                             unsigned* h1, unsigned* l0, unsigned* l1) {
+    *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
+    *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
     *l0 = *l1 = 0u;
 }
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8

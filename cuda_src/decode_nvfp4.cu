@@ -28,6 +28,7 @@
 #define KV_FAMILY_TABLE_FLOATS 0
 
 #include "common/decode_codes.cuh"
+#include "common/vload.cuh"
 
 // Elements d..d+3 (d % 4 == 0, so one block scale) of one staged token row (data rows are
 // 2-byte aligned in every staging mode: D / 2 is a multiple of 8).
@@ -65,6 +66,58 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
     *h1 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + 4 + c], sf);
     *l0 = *l1 = 0u;
 }
+// Keys straight into registers (decode_mma.cuh KV_MMA_K_REGS) where a lane's run of KPL =
+// D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128): its KPL / 2 code bytes
+// by one aligned vector load, its one or two scale bytes converted once per token (both
+// halves of one e4m3x2 conversion) instead of once per k-step. Run order: k-step ks takes
+// code word ks / 2 and in it nibble pairs (2m, 2m + 4) and (2m + 1, 2m + 5), m = ks % 2: each
+// pair sits in bits 4i and 16 + 4i of the word, where one shift-and-mask makes an fp16x2.
+#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128
+#define KV_MMA_K_REGS 1
+#define KV_NVFP4_KPL (KV_HEAD_DIM / 4)
+#define KV_NVFP4_KWORDS (KV_NVFP4_KPL / 8)
+#define KV_MMA_KRAW (KV_NVFP4_KWORDS + 1)
+static_assert(KV_NVFP4_BLOCK == 16, "a run's blocks: 16 elements each");
+__device__ __forceinline__ int kv_mma_kpos(int ks, int j) {
+    return 8 * (ks >> 1) + 2 * (ks & 1) + 4 * (j & 1) + (j >> 1);
+}
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+    // Data rows are 16-byte aligned (D / 2 is a multiple of 16 in every staging mode), so
+    // the run's byte offset (KPL / 2) c fixes the alignment.
+    constexpr int RB = KV_NVFP4_KPL / 2;
+    kv_load_words<KV_NVFP4_KWORDS, (RB < 16 ? RB : 16)>(rows[0] + RB * c, raw);
+    // Scale bytes of the run's first and last block (the same block below D = 128).
+    const unsigned char* sf = rows[1] + (KV_NVFP4_KPL * c) / KV_NVFP4_BLOCK;
+    const unsigned s0 = sf[0];
+    const unsigned s1 = KV_NVFP4_KPL > KV_NVFP4_BLOCK ? sf[1] : s0;
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s1);
+}
+// e2m1 codes at bits S.. and 16 + S.. of x -> fp16x2 of e2m1 * 2^-14 (kv_dc_e2m1_pair_f16x2
+// of x >> S, with the shifts folded).
+template <int S>
+__device__ __forceinline__ unsigned kv_nvfp4_pair_at(unsigned x) {
+    const unsigned mag = S <= 9 ? (x << (9 - S)) : (x >> (S - 9));
+    const unsigned sgn = S <= 12 ? (x << (12 - S)) : (x >> (S - 12));
+    return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
+}
+__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, unsigned* h0,
+                                             unsigned* h1, unsigned* l0, unsigned* l1) {
+    const int w = ks >> 1;
+    const unsigned x = raw[w];
+    // The word's block scale in both halves: block (8 w) / 16 of the run.
+    const unsigned sf =
+        __byte_perm(raw[KV_NVFP4_KWORDS], 0u, (8 * w) / KV_NVFP4_BLOCK ? 0x3232 : 0x1010);
+    if (ks & 1) {
+        *h0 = kv_hmul2(kv_nvfp4_pair_at<8>(x), sf);
+        *h1 = kv_hmul2(kv_nvfp4_pair_at<12>(x), sf);
+    } else {
+        *h0 = kv_hmul2(kv_nvfp4_pair_at<0>(x), sf);
+        *h1 = kv_hmul2(kv_nvfp4_pair_at<4>(x), sf);
+    }
+    *l0 = *l1 = 0u;
+}
+#endif
 // V elements d8..d8+7: 4 code bytes (4-byte aligned in the 16-byte aligned data rows), one
 // block scale.
 __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int d8) {

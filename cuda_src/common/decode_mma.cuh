@@ -49,6 +49,16 @@
 //   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix
 //   kv_mma_k4(rows, ks, c, tab, &h0, &h1, &l0, &l1): key elements 16 ks + 2c, +1 (h0) and
 //                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2 (lo parts l0, l1)
+//   KV_MMA_K_REGS     1: the score mma's K (dims) permuted so a lane's key elements of a
+//                     token are one contiguous run (the query rows in shared memory take the
+//                     same permutation, once per CTA): lane c holds dims KPL c .. KPL c +
+//                     KPL - 1 (KPL = D / 4) of its tokens g and g + 8;
+//                     kv_mma_kload(rows, c, raw) loads one token's run into KV_MMA_KRAW
+//                     words (one wide load instead of two narrow ones per k-step),
+//                     kv_mma_kstep(raw, ks, &h0, &h1, &l0, &l1) gives k-step ks's operands:
+//                     h0 = run elements kv_mma_kpos(ks, 0) (low half), kv_mma_kpos(ks, 1)
+//                     (high half), h1 = kv_mma_kpos(ks, 2), kv_mma_kpos(ks, 3); the family
+//                     picks the order within the run that makes its unpacking cheapest.
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
 //   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs (families
 //                     with neither direct nor register V: NVFP4 at D = 96)
@@ -85,6 +95,9 @@
 #endif
 #ifndef KV_MMA_BF16
 #define KV_MMA_BF16 0
+#endif
+#ifndef KV_MMA_K_REGS
+#define KV_MMA_K_REGS 0
 #endif
 // fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
 // scaling.
@@ -154,6 +167,18 @@ constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) +
                               : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
 }  // namespace kvm
+
+// The query dim at position p (= 16 ks + kk) of the shared fp16 query rows: the mma pairs
+// position kk of k-step ks with A element (row, kk), which lane c = (kk % 8) / 2 holds as
+// its run element kv_mma_kpos(ks, (kk % 2) + 2 (kk / 8)) (KV_MMA_K_REGS), else dim p.
+__device__ __forceinline__ int kv_mma_qdim(int p) {
+#if KV_MMA_K_REGS
+    const int kk = p & 15;
+    return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, (kk & 1) | ((kk >> 3) << 1));
+#else
+    return p;
+#endif
+}
 
 __device__ __forceinline__ void kv_mma_f16(float* c, const unsigned* a, unsigned b0,
                                            unsigned b1) {
@@ -412,8 +437,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const float up = kv_pow2(e / 2) ;
             const float up2 = kv_pow2(e - e / 2);
             for (int d = 2 * lane; d < D; d += 2 * KV_WARP) {
-                const float x0 = qf_s[r * D + d] * up * up2;
-                const float x1 = qf_s[r * D + d + 1] * up * up2;
+                const float x0 = qf_s[r * D + kv_mma_qdim(d)] * up * up2;
+                const float x1 = qf_s[r * D + kv_mma_qdim(d + 1)] * up * up2;
                 unsigned hi, lo;
 #if KV_MMA_BF16
                 unsigned t3[3];
@@ -494,6 +519,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // = a0, a1, a2, a3.
             const unsigned k_addr = kv_smem_addr(
                 s + (tw0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * pipe.rs[0] + 16 * (lane >> 4));
+#elif KV_MMA_K_REGS
+            unsigned kraw[2][KV_MMA_KRAW];
+            kv_mma_kload(kr[0], c, kraw[0]);
+            kv_mma_kload(kr[1], c, kraw[1]);
 #endif
 #pragma unroll
             for (int ks = 0; ks < KS; ks += 2) {
@@ -517,6 +546,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     unsigned al[4];
 #if KV_MMA_K_DIRECT
                     kv_ldsm_x4(ah, k_addr + (ks + u) * 32);
+#elif KV_MMA_K_REGS
+                    kv_mma_kstep(kraw[0], ks + u, &ah[0], &ah[2], &al[0], &al[2]);
+                    kv_mma_kstep(kraw[1], ks + u, &ah[1], &ah[3], &al[1], &al[3]);
 #else
                     kv_mma_k4(kr[0], ks + u, c, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
                     kv_mma_k4(kr[1], ks + u, c, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
