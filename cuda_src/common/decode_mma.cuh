@@ -456,7 +456,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 (void)lo;  // exact fp16 queries: lo is 0 and has no buffer
 #endif
             }
-            if (lane == 0) rs_s[r] = scale * kfac * KV_MMA_KF / (up * up2);
+            // Logits in base 2 (times log2(e)): the online softmax runs on exp2.
+            if (lane == 0) rs_s[r] = scale * kfac * KV_MMA_KF / (up * up2) * KV_LOG2E;
         }
         __syncthreads();
 
@@ -616,7 +617,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     for (int tt = 0; tt < 2; ++tt) {
                         const int tok = t0 + tw0 + g + 8 * tt;
                         float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];
-                        if (softcap > 0.f) x = softcap * tanhf(x / softcap);
+                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
                         const bool vis = ok[tt] && tok <= pos[nr][j] &&
                                          (window <= 0 || tok > pos[nr][j] - window);
                         x = vis ? x : kv_neg_inf();
@@ -626,9 +627,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
-                    const KvOnlineStep stp = kv_online_step(m_r[nr][j], mx);
-                    p[nr][j][0] = kv_online_p(p[nr][j][0], stp);
-                    p[nr][j][1] = kv_online_p(p[nr][j][1], stp);
+                    const KvOnlineStep stp = kv_online_step2(m_r[nr][j], mx);
+                    p[nr][j][0] = kv_online_p2(p[nr][j][0], stp);
+                    p[nr][j][1] = kv_online_p2(p[nr][j][1], stp);
                     l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
                     m_r[nr][j] = stp.m_new;
                     alpha[nr][j] = stp.alpha;
@@ -818,7 +819,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         float4 o = make_float4(0.f, 0.f, 0.f, 0.f);
 #pragma unroll
         for (int w = 0; w < NWM; ++w) {
-            const float wt = kv_merge_weight(mw[w], mt);
+            // The warps' m are base-2 logits.
+            const float wt = mw[w] == kv_neg_inf() ? 0.f : exp2f(mw[w] - mt);
             lt += wt * ml_s[(w * 16 + r) * 2 + 1];
             if (wt != 0.f) {
                 const float4 x = reinterpret_cast<const float4*>(red + (w * R + r) * D)[dq];
@@ -835,6 +837,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         const int i = r / G;
         const int gg = r - i * G;
         const long long row = ((long long)b * QL + i) * num_heads + (long long)kvh * G + gg;
+        mt *= KV_LN2;  // the partial state's m (and lse) in natural-log units, as stage 2 reads
         if (o_out == nullptr) {
             reinterpret_cast<float4*>(acc_part + (row * split_stride + split) * D)[dq] = o;
             if (dq == 0) {

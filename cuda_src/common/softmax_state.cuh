@@ -53,3 +53,25 @@ __device__ __forceinline__ KvOnlineStep kv_online_step(float m_old, float m_tile
 __device__ __forceinline__ float kv_online_p(float s, const KvOnlineStep& st) {
     return st.valid ? expf(s - st.m_new) : 0.0f;
 }
+
+// Base-2 variants for the tensor-core core, whose logits carry the factor log2(e) (folded
+// into the per-row score scale): exp2 is one special-function instruction (ex2.approx.ftz,
+// about 2 ulp, like expf), where expf costs eight. Results below 2^-126 flush to 0: weights
+// that small next to the row's max change no float32 sum. exp2(-inf) = 0.
+#define KV_LOG2E 1.4426950408889634f
+#define KV_LN2 0.6931471805599453f
+__device__ __forceinline__ float kv_exp2_fast(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+__device__ __forceinline__ KvOnlineStep kv_online_step2(float m_old, float m_tile) {
+    KvOnlineStep st;
+    st.m_new = fmaxf(m_old, m_tile);
+    st.valid = st.m_new != kv_neg_inf();
+    st.alpha = st.valid ? kv_exp2_fast(m_old - st.m_new) : 1.0f;
+    return st;
+}
+__device__ __forceinline__ float kv_online_p2(float s, const KvOnlineStep& st) {
+    return st.valid ? kv_exp2_fast(s - st.m_new) : 0.0f;
+}
