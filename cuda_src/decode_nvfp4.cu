@@ -101,8 +101,9 @@ __device__ __forceinline__ unsigned kv_nvfp4_pair_at(unsigned x) {
     const unsigned sgn = S <= 12 ? (x << (12 - S)) : (x >> (S - 12));
     return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
 }
-__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, unsigned* h0,
-                                             unsigned* h1, unsigned* l0, unsigned* l1) {
+__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned*,
+                                             unsigned* h0, unsigned* h1, unsigned* l0,
+                                             unsigned* l1) {
     const int w = ks >> 1;
     const unsigned x = raw[w];
     // The word's block scale in both halves: block (8 w) / 16 of the run.

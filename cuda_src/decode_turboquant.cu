@@ -104,53 +104,83 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 }
 #else
 #define KV_MMA_KF 1.0f
-#define KV_MMA_KSPLIT 1
-// Pair tables: entry (c1 << bits) | c0 (two neighbouring codes, LSB first as in the stream)
-// -> fp16x2 hi of (c[c0], c[c1]) * 2^e in words [0, P), the lo parts in words [P, 2P): two
-// 4-byte loads per element pair, each straight into its mma operand register (one 8-byte
-// load of a {hi, lo} pair needed two register moves into the operand quads).
-#define KV_TQ_PAIRS (1 << (2 * TQ_KEY_BITS))
-#define KV_MMA_TABLE_WORDS (2 * KV_TQ_PAIRS)
+// Keys in registers, one table word per code (decode_mma.cuh KV_MMA_K_REGS + K_HILO): lane
+// c's run is codes KPL c .. KPL c + KPL - 1 (KPL = D / 4) in natural order, k-step ks takes
+// run codes 2 ks (a0 / a1) and 2 ks + 1 (a2 / a3). The table has one row of 32 words per
+// code, 256 bytes apart: word (code, lane) = {hi, lo} fp16 of the centroid times 2^e, so
+// lane l reads bank l whatever the code (no bank conflicts; the pair table's random indices
+// cost ~3 wavefronts per load), and the byte offset code * 256 + 4 l is one byte permute
+// of the code into byte 1 over 4 l (4-bit codes) or one shift and mask (3-bit).
+#define KV_MMA_K_REGS 1
+#define KV_MMA_K_HILO 1
+#define KV_TQ_CODES (1 << TQ_KEY_BITS)
+#define KV_MMA_TABLE_WORDS (KV_TQ_CODES * 64)
+#define KV_TQ_KPL (KV_HEAD_DIM / 4)
+#define KV_TQ_RUN_BYTES (KV_TQ_KPL * TQ_KEY_BITS / 8)
+#define KV_TQ_RUN_WORDS ((KV_TQ_RUN_BYTES + 3) / 4)
+#define KV_MMA_KRAW (KV_TQ_RUN_WORDS + 1)
+static_assert(KV_TQ_KPL % 8 == 0, "lane runs of whole bytes");
 // Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
 __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
-    constexpr unsigned M = (1u << TQ_KEY_BITS) - 1u;
     float mx = 0.f;
 #pragma unroll
-    for (int i = 0; i < (1 << TQ_KEY_BITS); ++i) mx = fmaxf(mx, fabsf(kv_tq_centroids[i]));
+    for (int i = 0; i < KV_TQ_CODES; ++i) mx = fmaxf(mx, fabsf(kv_tq_centroids[i]));
     int e = mx > 0.f ? 14 - kv_ilog2(mx) : 0;
     e = e < -100 ? -100 : (e > 100 ? 100 : e);
     const float f = kv_pow2(e);
-    for (int k = tid; k < KV_TQ_PAIRS; k += nthreads) {
+    for (int k = tid; k < KV_TQ_CODES * 32; k += nthreads) {
         unsigned hi, lo;
-        kv_split_f16x2(kv_tq_centroids[k & M] * f, kv_tq_centroids[k >> TQ_KEY_BITS] * f, &hi,
-                       &lo);
-        table[k] = hi;
-        table[KV_TQ_PAIRS + k] = lo;
+        kv_split_f16x2(kv_tq_centroids[k >> 5] * f, 0.f, &hi, &lo);
+        table[(k >> 5) * 64 + (k & 31)] = (hi & 0xFFFFu) | (lo << 16);
     }
     return kv_pow2(-e);
 }
-// The pair of codes d, d + 1 (d even) as a table index.
-__device__ __forceinline__ unsigned kv_tq_key_pair(const unsigned char* row, int d) {
-    if constexpr (TQ_KEY_BITS == 4) {
-        return row[d >> 1];
+__device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
+// The run's bytes from the staged slot (rows are 2-byte aligned in the slab mode, the run
+// may start at any byte): aligned words from the 4-byte boundary below, funnel-shifted down.
+// The one word read past the run stays in the slot (the norm and the values follow the
+// codes); the bytes read before a row start belong to the previous staged row (the first
+// row of a stage is 16-byte aligned).
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+    const unsigned char* p = rows[0] + KV_TQ_RUN_BYTES * c;
+    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
+    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
+    unsigned w[KV_TQ_RUN_WORDS + 1];
+#pragma unroll
+    for (int i = 0; i <= KV_TQ_RUN_WORDS; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < KV_TQ_RUN_WORDS; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
+    raw[KV_TQ_RUN_WORDS] = 0u;  // the last code's funnel source (3-bit runs of odd words)
+}
+// Byte offset in the table of run code E for this lane: code * 256 + 4 lane.
+__device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, unsigned lb) {
+    constexpr int B = TQ_KEY_BITS;
+    if constexpr (B == 4) {
+        const unsigned w = raw[E >> 3];
+        const unsigned x = (E & 1) ? ((w >> 4) & 0x0F0F0F0Fu) : (w & 0x0F0F0F0Fu);
+        return __byte_perm(x, lb, 0x7604u | ((unsigned)((E & 7) >> 1) << 4));
     } else {
-        // 2 * bits bits from bit bits * d, inside two bytes for bits <= 4 (the second byte
-        // stays inside the staged row: the norm follows the codes).
-        const int bit = TQ_KEY_BITS * d;
-        const unsigned char* p = row + (bit >> 3);
-        const unsigned w = ((unsigned)p[0] | ((unsigned)p[1] << 8)) >> (bit & 7);
-        return w & ((1u << (2 * TQ_KEY_BITS)) - 1u);
+        const int bit = E * B;
+        const int i = bit >> 5;
+        const int sh = bit & 31;
+        unsigned x;
+        if (sh + B <= 32) {
+            x = sh >= 8 ? raw[i] >> (sh - 8) : raw[i] << (8 - sh);
+        } else {
+            x = __funnelshift_r(raw[i], raw[i + 1], sh - 8);
+        }
+        return (x & (((1u << B) - 1u) << 8)) | lb;
     }
 }
-__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
-                                          const unsigned* table, unsigned* h0, unsigned* h1,
-                                          unsigned* l0, unsigned* l1) {
-    const unsigned ia = kv_tq_key_pair(rows[0], 16 * ks + 2 * c);
-    const unsigned ib = kv_tq_key_pair(rows[0], 16 * ks + 2 * c + 8);
-    *h0 = table[ia];
-    *l0 = table[KV_TQ_PAIRS + ia];
-    *h1 = table[ib];
-    *l1 = table[KV_TQ_PAIRS + ib];
+__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned* table,
+                                             unsigned* h0, unsigned* h1, unsigned* l0,
+                                             unsigned* l1) {
+    const unsigned lb = 4u * (threadIdx.x & 31u);
+    const unsigned char* t = reinterpret_cast<const unsigned char*>(table);
+    *h0 = *reinterpret_cast<const unsigned*>(t + kv_tq_code_off(raw, 2 * ks, lb));
+    *h1 = *reinterpret_cast<const unsigned*>(t + kv_tq_code_off(raw, 2 * ks + 1, lb));
+    *l0 = *l1 = 0u;
 }
 #endif
 // Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code

@@ -55,10 +55,17 @@
 //                     KPL - 1 (KPL = D / 4) of its tokens g and g + 8;
 //                     kv_mma_kload(rows, c, raw) loads one token's run into KV_MMA_KRAW
 //                     words (one wide load instead of two narrow ones per k-step),
-//                     kv_mma_kstep(raw, ks, &h0, &h1, &l0, &l1) gives k-step ks's operands:
+//                     kv_mma_kstep(raw, ks, tab, &h0, &h1, &l0, &l1) gives k-step ks's operands:
 //                     h0 = run elements kv_mma_kpos(ks, 0) (low half), kv_mma_kpos(ks, 1)
 //                     (high half), h1 = kv_mma_kpos(ks, 2), kv_mma_kpos(ks, 3); the family
 //                     picks the order within the run that makes its unpacking cheapest.
+//                     kstep also gets the family table (KV_MMA_TABLE_WORDS).
+//   KV_MMA_K_HILO     1 (with K_REGS): each A register holds one key element as {hi, lo}
+//                     (fp16 halves, element = hi + lo), and the query rows hold every
+//                     query dim twice, so the mma's K extent is 2 D and one product
+//                     q (hi + lo) per element pair comes out of one mma: codebook keys read
+//                     one table word per element (no lo mma chain, no pair assembly).
+//                     kpos(ks, j), j = 0 (a0 / a1) and 1 (a2 / a3), over D / 8 k-steps.
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
 //   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs (families
 //                     with neither direct nor register V: NVFP4 at D = 96)
@@ -99,6 +106,12 @@
 #ifndef KV_MMA_K_REGS
 #define KV_MMA_K_REGS 0
 #endif
+#ifndef KV_MMA_K_HILO
+#define KV_MMA_K_HILO 0
+#endif
+#if KV_MMA_K_HILO && (!KV_MMA_K_REGS || KV_MMA_KSPLIT)
+#error "KV_MMA_K_HILO needs KV_MMA_K_REGS and no KV_MMA_KSPLIT"
+#endif
 // fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
 // scaling.
 #if KV_IN_DTYPE == 1 && !KV_ROTATE_Q && !KV_MMA_BF16
@@ -118,12 +131,13 @@ using kvd::THREADS;
 using kvd::TILE;
 constexpr int NWM = THREADS / KV_WARP;  // 4 warps
 constexpr int WT = TILE / NWM;          // 16 tokens per warp per tile
-constexpr int KS = D / 16;              // k-steps of the score mma (even: D % 32 == 0)
+constexpr int KQ = KV_MMA_K_HILO ? 2 * D : D;  // the score mma's K extent
+constexpr int KS = KQ / 16;             // k-steps of the score mma (even: D % 32 == 0)
 constexpr int MT = D / 16;              // m-tiles (16 dims) of the PV mma
 constexpr int NR = (R + 7) / 8;         // row tiles of 8 (the mma N)
 // q rows in shared memory: D halves + 16 bytes, so the 8 row addresses of an ldmatrix
 // fall into different banks.
-constexpr int QSTR = D + 8;
+constexpr int QSTR = KQ + 8;
 // P is scaled by 2^15 before its fp16 split: p <= 1 stays below 65504 and p down to 2^-29
 // keeps a normal fp16 hi part.
 constexpr float P_SCALE = 32768.0f;
@@ -170,9 +184,13 @@ constexpr int SMEM = OFF_STG + STG_BYTES;
 
 // The query dim at position p (= 16 ks + kk) of the shared fp16 query rows: the mma pairs
 // position kk of k-step ks with A element (row, kk), which lane c = (kk % 8) / 2 holds as
-// its run element kv_mma_kpos(ks, (kk % 2) + 2 (kk / 8)) (KV_MMA_K_REGS), else dim p.
+// its run element kv_mma_kpos(ks, (kk % 2) + 2 (kk / 8)) (KV_MMA_K_REGS; with K_HILO both
+// halves of a register are one element, kv_mma_kpos(ks, kk / 8)), else dim p.
 __device__ __forceinline__ int kv_mma_qdim(int p) {
-#if KV_MMA_K_REGS
+#if KV_MMA_K_HILO
+    const int kk = p & 15;
+    return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, kk >> 3);
+#elif KV_MMA_K_REGS
     const int kk = p & 15;
     return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, (kk & 1) | ((kk >> 3) << 1));
 #else
@@ -436,7 +454,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // Applied in two steps, so neither power of two leaves the float range.
             const float up = kv_pow2(e / 2) ;
             const float up2 = kv_pow2(e - e / 2);
-            for (int d = 2 * lane; d < D; d += 2 * KV_WARP) {
+            for (int d = 2 * lane; d < KQ; d += 2 * KV_WARP) {
                 const float x0 = qf_s[r * D + kv_mma_qdim(d)] * up * up2;
                 const float x1 = qf_s[r * D + kv_mma_qdim(d + 1)] * up * up2;
                 unsigned hi, lo;
@@ -548,8 +566,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_MMA_K_DIRECT
                     kv_ldsm_x4(ah, k_addr + (ks + u) * 32);
 #elif KV_MMA_K_REGS
-                    kv_mma_kstep(kraw[0], ks + u, &ah[0], &ah[2], &al[0], &al[2]);
-                    kv_mma_kstep(kraw[1], ks + u, &ah[1], &ah[3], &al[1], &al[3]);
+                    kv_mma_kstep(kraw[0], ks + u, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
+                    kv_mma_kstep(kraw[1], ks + u, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
 #else
                     kv_mma_k4(kr[0], ks + u, c, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
                     kv_mma_k4(kr[1], ks + u, c, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
