@@ -93,13 +93,25 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA_VF 1.0f
 #if TQ_KEY_FP8
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
-// Key bytes 16 ks + 2c, +1 and +8, +9 (byte loads: slab rows are only 2-byte aligned).
-__device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
-                                          const unsigned*, unsigned* h0, unsigned* h1,
-                                          unsigned* l0, unsigned* l1) {
-    const unsigned char* p = rows[0] + 16 * ks + 2 * c;
-    *h0 = kv_dc_e4m3x2_f16x2((unsigned)p[0] | ((unsigned)p[1] << 8));
-    *h1 = kv_dc_e4m3x2_f16x2((unsigned)p[8] | ((unsigned)p[9] << 8));
+// Keys in registers (decode_mma.cuh KV_MMA_K_REGS): lane c's run is key bytes KPL c ..
+// KPL c + KPL - 1 (KPL = D / 4), 4-byte aligned in every staging mode (the k8v4 slot,
+// 1.5 D + 4 bytes, is a multiple of 4), so KPL / 4 word loads per token instead of four
+// byte loads per k-step; k-step ks takes run bytes 4 ks .. 4 ks + 3 (word ks).
+#define KV_MMA_K_REGS 1
+#define KV_MMA_KRAW (KV_HEAD_DIM / 16)
+static_assert(TQ_SLOT_BYTES % 4 == 0, "k8v4 slots keep 4-byte aligned rows");
+__device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 4 * ks + j; }
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+    const unsigned* p = reinterpret_cast<const unsigned*>(rows[0] + (KV_HEAD_DIM / 4) * c);
+#pragma unroll
+    for (int i = 0; i < KV_MMA_KRAW; ++i) raw[i] = p[i];
+}
+__device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned*,
+                                             unsigned* h0, unsigned* h1, unsigned* l0,
+                                             unsigned* l1) {
+    *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
+    *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
     *l0 = *l1 = 0u;
 }
 #else

@@ -168,6 +168,23 @@ def test_every_format_and_group(cp, name, group, q_len):
     check_against_reference(case)
 
 
+# --- every tensor-core head_dim: the key runs per lane (KV_MMA_K_REGS) cover D / 4 elements,
+# one or two NVFP4 blocks, whole or partial words of 3- and 4-bit codes ---------------------
+
+
+@pytest.mark.parametrize(
+    "name, head_dim",
+    [(n, d) for n in ("fp8_e4m3", "nvfp4", "turboquant_k8v4") for d in (32, 64, 96)]
+    + [(n, 64) for n in ("turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc")],
+)
+@pytest.mark.parametrize("group", [4, 16])
+def test_every_tensor_core_head_dim(cp, name, head_dim, group):
+    assert _stage1_threads(name, head_dim, group, 1) == 128  # the tensor-core core
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=16,
+                seq_lens=[37, 16 * 5 + 3, 1], seed=head_dim + group)  # fmt: skip
+    check_against_reference(case)
+
+
 # --- the two stage-1 cores ------------------------------------------------------------------
 
 
