@@ -234,20 +234,26 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;
     constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
-    unsigned e;
     if constexpr (B == 4) {
         // Byte j of each: a's to byte 0, b's to byte 2.
         const int o = j & 3;
-        e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
+        const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
+        *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
+        *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e >> B);
     } else {
+        // Codes 2j, 2j + 1 at bit sh = 2 B j of the lane's run: a's pair shifted to bit 0,
+        // b's to bit 16 (a shift, or a funnel shift where the pair straddles the two words),
+        // one bit select joins them, and the high code is converted where it sits (bit B).
         const int sh = 2 * B * j;
-        const unsigned long long a = ((unsigned long long)ra[1] << 32) | ra[0];
-        const unsigned long long b = ((unsigned long long)rb[1] << 32) | rb[0];
-        constexpr unsigned M2 = (1u << (2 * B)) - 1u;
-        e = ((unsigned)(a >> sh) & M2) | (((unsigned)(b >> sh) & M2) << 16);
+        auto down = [](const unsigned* r, int s) -> unsigned {  // run bits s.. at bit 0
+            return s >= 32 ? r[1] >> (s - 32) : __funnelshift_r(r[0], r[1], s);
+        };
+        const unsigned xa = down(ra, sh);
+        const unsigned xb = sh >= 16 ? down(rb, sh - 16) : rb[0] << (16 - sh);
+        const unsigned e = (xa & 0xFFFFu) | (xb & 0xFFFF0000u);
+        *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
+        *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, B>(e);
     }
-    *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
-    *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e >> B);
 }
 #endif
 __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,

@@ -181,17 +181,34 @@ __device__ __forceinline__ int kv_ilog2(float x) {
     return (int)((__float_as_uint(x) >> 23) & 0xFFu) - 127;
 }
 
-// The codes in the fields MM of x (c0 from bits 0.., c1 from bits 16..; MM selects at most
-// 7 bits per half) -> bf16x2 of c - OFF (OFF < 128), exactly: 128 + c has c in its mantissa
-// (bf16 0x4300 | c), and x * 1 - (128 + OFF) by fma.rn.bf16x2 (sm_80+) is exact.
-template <unsigned OFF, unsigned MM>
+// (x & m) | k as one LOP3 with m and k in registers (hoisted out of loops); with both as
+// immediates the compiler emits two.
+__device__ __forceinline__ unsigned kv_and_or(unsigned x, unsigned m, unsigned k) {
+    unsigned r;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(r) : "r"(x), "r"(m), "r"(k));
+    return r;
+}
+
+// bf16 bits of -n for an integer 1 <= n < 256 (exact: 8 significant bits).
+__host__ __device__ constexpr int kv_ilog2_c(unsigned n) { return n <= 1 ? 0 : 1 + kv_ilog2_c(n >> 1); }
+__host__ __device__ constexpr unsigned kv_bf16_neg_int(unsigned n) {
+    return 0x8000u | ((127u + kv_ilog2_c(n)) << 7) | ((n << (7 - kv_ilog2_c(n))) & 0x7Fu);
+}
+
+// The codes in the fields MM << S of x (c0 from bits S.., c1 from bits 16 + S..; MM << S
+// selects at most 7 bits per half) -> bf16x2 of c - OFF (OFF < 128), exactly: 128 + c 2^S has
+// c 2^S in its mantissa (bf16 0x4300 | c << S), and x 2^-S - (2^(7-S) + OFF) by fma.rn.bf16x2
+// (sm_80+) is exact (S = 0 for the low code of a pair, S = bits for the high one, which
+// saves the shift down).
+template <unsigned OFF, unsigned MM, int S = 0>
 __device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
-    static_assert((MM & 0xFF80FF80u) == 0u, "codes below 128");
-    x = (x & MM) | 0x43004300u;
-    constexpr unsigned NEG = 0xC300u | OFF;  // -(128 + OFF)
+    static_assert(((MM << S) & 0xFF80FF80u) == 0u, "codes below 128");
+    x = kv_and_or(x, MM << S, 0x43004300u);
+    constexpr unsigned MUL = 0x3F80u - (S << 7);  // bf16 2^-S
+    constexpr unsigned C = kv_bf16_neg_int((1u << (7 - S)) + OFF);
     unsigned r;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;"
         : "=r"(r)
-        : "r"(x), "r"(0x3F803F80u), "r"(NEG | (NEG << 16)));
+        : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
     return r;
 }
