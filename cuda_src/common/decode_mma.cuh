@@ -579,6 +579,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                         kv_mma_bf16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
                         kv_mma_bf16(sk[nr], ah, qm[nr][2 * u], qm[nr][2 * u + 1]);
                         kv_mma_bf16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+#elif !KV_MMA_QSPLIT && KV_MMA_K_DIRECT
+                        // fp16 keys (latency-bound, 8-12 warps per SM): odd k-steps into sq,
+                        // two 4-deep mma chains side by side instead of one 8-deep one.
+                        kv_mma_f16(u ? sq[nr] : sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #else
                         kv_mma_f16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #if KV_MMA_QSPLIT
@@ -599,6 +603,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int i = 0; i < 4; ++i) {
 #if KV_MMA_BF16
                     sc[nr][i] = (sc[nr][i] + sk[nr][i]) + sq[nr][i];
+#elif !KV_MMA_QSPLIT && KV_MMA_K_DIRECT
+                    sc[nr][i] += sq[nr][i];
 #else
 #if KV_MMA_QSPLIT
                     sc[nr][i] += sq[nr][i];
