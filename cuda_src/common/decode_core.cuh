@@ -400,8 +400,8 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
 // [t_lo, t_hi) (kvkit.splits.page_range, the window start rounded down to its page), the
 // planes' copy modes and staging row strides, the page ring (tp_ring: NP slots of TILE page
 // numbers, -1 for no page) and the cp.async stages. Tile j covers tokens t_lo + j * TILE ..
-// Block-table entries of tile j + STAGES + 1 are read into a register (pf_e) one tile before
-// they are checked and stored, so no thread waits on them.
+// Block-table entries of tile j + STAGES are read into registers (pf_e0 / pf_e1) two tiles
+// before they are checked and stored, so no thread waits on them.
 // The planes' pointers and strides stay kernel parameters (constant bank, no registers):
 // issue() takes them again through KV_PLANE_PARAMS (the stage-1 bodies' parameter names).
 #define KV_PLANE_PARAMS                                                                      \
@@ -428,42 +428,49 @@ struct KvTilePipe {
     int t_lo;
     int t_hi;
     int n_tiles;
-    int pf_e;
-    bool pf_live;
+    int pf_e0;  // block-table entries of this thread's token in the next two tiles to store
+    int pf_e1;
 
-    // Page of token t (t < TILE) of tile j from the block table: only tokens < t_hi are
-    // looked up (live); the entry is checked by store().
-    __device__ __forceinline__ int entry(int j, int t, bool* live) const {
-        const int tok = t_lo + j * kvd::TILE + t;
-        *live = j < n_tiles && tok < t_hi;
-        return *live ? block_tables[bt_row + tok / block_size] : 0;
+    // Whether token t (t < TILE) of tile j is in the split: only those are looked up.
+    __device__ __forceinline__ bool live(int j, int t) const {
+        return j < n_tiles && t_lo + j * kvd::TILE + t < t_hi;
     }
-    // Slot of tile j in the ring, entry of this thread's token (threadIdx.x < TILE): -1 past
+    // Block-table entry of token t of tile j (0 when not live); the entry is checked by
+    // store(). Page sizes are powers of two (kvkit.cache.BLOCK_SIZES): a shift, not an
+    // integer division (~25 instructions), unless a caller built odd pages.
+    __device__ __forceinline__ int entry(int j, int t) const {
+        if (!live(j, t)) return 0;
+        const int tok = t_lo + j * kvd::TILE + t;
+        const int sh = __ffs(block_size) - 1;
+        const int idx = block_size == (1 << sh) ? tok >> sh : tok / block_size;
+        return block_tables[bt_row + idx];
+    }
+    // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
     // the tile or for a bad entry (flag bit 2).
-    __device__ __forceinline__ void store(int j, int e, bool live) {
+    __device__ __forceinline__ void store(int j, int e) {
         bool bad = false;
-        const int page = live ? kv_page_of(e, num_blocks, &bad) : -1;
+        const int page = live(j, threadIdx.x) ? kv_page_of(e, num_blocks, &bad) : -1;
         tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = page;
         if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
-    // Pages of tiles 0 .. STAGES - 1 and the prefetched entry of tile STAGES.
+    // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1.
     __device__ __forceinline__ void prologue_pages() {
         if (threadIdx.x < kvd::TILE) {
 #pragma unroll 1
-            for (int j = 0; j < kvd::STAGES; ++j) {
-                bool live;
-                const int e = entry(j, threadIdx.x, &live);
-                store(j, e, live);
-            }
-            pf_e = entry(kvd::STAGES, threadIdx.x, &pf_live);
+            for (int j = 0; j < kvd::STAGES; ++j) store(j, entry(j, threadIdx.x));
+            pf_e0 = entry(kvd::STAGES, threadIdx.x);
+            pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
         }
     }
     // At tile i (after its barrier): the pages of tile i + STAGES into the slot of tile
-    // i - 1, and the entry of tile i + STAGES + 1 into the register.
+    // i - 1, and the entry of tile i + STAGES + 2 into a register: loaded two tiles before
+    // its use, as one tile of a short kernel (fp16: ~1 us) does not cover a block-table load
+    // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
         if (threadIdx.x < kvd::TILE) {
-            store(i + kvd::STAGES, pf_e, pf_live);
-            pf_e = entry(i + kvd::STAGES + 1, threadIdx.x, &pf_live);
+            store(i + kvd::STAGES, pf_e0);
+            pf_e0 = pf_e1;
+            pf_e1 = entry(i + kvd::STAGES + 2, threadIdx.x);
         }
     }
     __device__ __forceinline__ const int* pages(int j) const {
@@ -540,8 +547,8 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.error_flag = error_flag;
     pp.tp_ring = tp_ring;
     pp.stg = stg;
-    pp.pf_e = 0;
-    pp.pf_live = false;
+    pp.pf_e0 = 0;
+    pp.pf_e1 = 0;
 
     const int seq_len = seq_lens[b];
     *seq_len_out = seq_len;
