@@ -106,9 +106,13 @@
 #define KVD_MODE_SLAB 1
 #define KVD_MODE_SYNC 2
 // Host load-width code: bits 0..4 the widest aligned width (16, 8, 4, 2, 1) of base and all
-// strides; KVD_SLAB_BIT set when token rows are contiguous (token stride == row width) and
-// base, block and head strides are 16-byte aligned (kvkit/cuda/decode.py _plane_args).
+// strides (KVD_VEC_MASK); KVD_SLAB_BIT set when token rows are contiguous (token stride ==
+// row width) and base, block and head strides are 16-byte aligned; KVD_OFF32_BIT set when
+// the page stride in bytes and every byte offset inside a page (head, token, row byte) are
+// below 2^31 (kvkit/cuda/decode.py _plane_args).
+#define KVD_VEC_MASK 31
 #define KVD_SLAB_BIT 32
+#define KVD_OFF32_BIT 64
 
 namespace kvd {
 
@@ -163,6 +167,18 @@ constexpr int WP1 = wpad(KV_P1_BYTES);
 constexpr int WP2 = wpad(KV_P2_BYTES);
 constexpr int WP3 = wpad(KV_P3_BYTES);
 constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
+// Copy threads per token of a tile. Row mode: thread (t, sub) copies chunks sub, sub + TPT,
+// ... of token t's row: one address computation per token and tile, and each pair of
+// neighbouring threads fills whole 32-byte sectors.
+constexpr int TPT = THREADS / TILE;
+// Whether some plane can take the row mode (whole 16-byte units) / the slab mode (other
+// widths; kv_plane_mode): the tile's pages for that mode are read only then.
+constexpr bool ROW_PLANES = (KV_P0_BYTES > 0 && KV_P0_BYTES % 16 == 0) ||
+                            (KV_P1_BYTES > 0 && KV_P1_BYTES % 16 == 0) ||
+                            (KV_P2_BYTES > 0 && KV_P2_BYTES % 16 == 0) ||
+                            (KV_P3_BYTES > 0 && KV_P3_BYTES % 16 == 0);
+constexpr bool SLAB_PLANES = KV_P0_BYTES % 16 != 0 || KV_P1_BYTES % 16 != 0 ||
+                             KV_P2_BYTES % 16 != 0 || KV_P3_BYTES % 16 != 0;
 // Pipeline depth: as many stages as fit 72 KB (2..4). Two CTAs per SM then keep 35-70 KB of
 // copies in flight per SM (Little's law at ~4.8 TB/s / 132 SMs x ~1 us needs ~36 KB) and
 // their shared memory still fits an H200 SM (228 KB) for every D <= 128 format.
@@ -211,10 +227,9 @@ __device__ __forceinline__ unsigned kv_smem_addr(const void* p) {
 
 // 16 bytes global -> shared without a register round trip (sm_80+; .cg: L2 only, the bytes
 // are read once).
-__device__ __forceinline__ void kv_cp_async16(void* dst, const void* src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(kv_smem_addr(dst)),
-                 "l"(src)
-                 : "memory");
+// dst: a shared-window address (kv_smem_addr).
+__device__ __forceinline__ void kv_cp_async16(unsigned dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
 __device__ __forceinline__ void kv_cp_async_commit() {
@@ -269,78 +284,132 @@ __device__ __forceinline__ int kv_plane_mode(int vec, int block_size) {
     if constexpr (W == 0) {
         return KVD_MODE_SYNC;
     } else {
-        if (W % 16 == 0 && (vec & 31) >= 16) return KVD_MODE_ROW16;
-        const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
-        const bool runs = (kvd::TILE % block_size == 0) || (block_size % kvd::TILE == 0);
-        if ((vec & KVD_SLAB_BIT) && runs && ((long long)sc * W) % 16 == 0) return KVD_MODE_SLAB;
+        if (W % 16 == 0 && (vec & KVD_VEC_MASK) >= 16) return KVD_MODE_ROW16;
+        // A width of whole 16-byte units with contiguous 16-byte aligned slabs has 16-byte
+        // aligned rows, which the row mode above takes: only other widths reach the slab
+        // mode (KvTilePipe::issue reads slab pages only for entries that have such planes).
+        if constexpr (W % 16 != 0) {
+            const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
+            const bool runs = (kvd::TILE % block_size == 0) || (block_size % kvd::TILE == 0);
+            if ((vec & KVD_SLAB_BIT) && runs && ((long long)sc * W) % 16 == 0)
+                return KVD_MODE_SLAB;
+        }
         return KVD_MODE_SYNC;
     }
 }
 
+// Whether a plane leaves a launch on the fast copy path: unused, or copied asynchronously
+// (row or slab mode) with offsets the host found to fit 32 bits.
+template <int W>
+__device__ __forceinline__ bool kv_plane_fast(int mode, int vec) {
+    return W == 0 || (mode != KVD_MODE_SYNC && (vec & KVD_OFF32_BIT) != 0);
+}
+
+// This thread's share of one tile's copies, the same for every plane: KvTilePipe::issue
+// works it out once per tile (the cp.async asm's memory clobber would make each plane read
+// tp again, and per-plane code would redo the thread's offsets).
+// Row mode: thread (row_t, sub) copies chunks sub, sub + TPT, ... of token row_t's row.
+// Slab mode: runs of sc = min(block_size, TILE) tokens lie in one page (t0 is a multiple of
+// sc from a page start) and are sc * W contiguous bytes (a multiple of 16). The tile's
+// TILE / sc runs share the threads, slab_tpr = TPT * sc per run (sc is a power of two: the
+// slab mode needs TILE % block_size == 0 when block_size < TILE); this thread serves the
+// run starting at tile token slab_tok from piece slab_j0. Recomputed per tile rather than
+// held: the kernels sit at their register cap.
+struct KvIssueAt {
+    int row_page;  // page of token row_t, -1 past the tile or without a page
+    int row_off;   // row_t's token offset in its page
+    int row_t;     // threadIdx.x / TPT
+    int row_x;     // 16 * sub: the byte of the thread's first chunk in its row
+    int slab_page; // page of the run this thread serves, or -1
+    int slab_off;  // offset of the tile's runs in their page
+    int slab_tok;  // tile token of the run's start
+    int slab_j0;   // the thread's first piece of the run
+    int slab_tpr;  // threads per run
+    int sc;        // tokens per run
+};
+
+// Address of byte `extra` of the row of (page, head kvh, token offset off) of a plane.
+template <bool OFF32>
+__device__ __forceinline__ const unsigned char* kv_row_src(const unsigned char* base,
+                                                           long long sb, long long sh,
+                                                           long long st, int elem, int kvh,
+                                                           int page, int off, int extra) {
+    if constexpr (OFF32) {
+        // The host checked that the page stride in bytes and every byte offset inside a page
+        // stay below 2^31 (KVD_OFF32_BIT): in-page math in 32 bits and one 32 x 32 -> 64-bit
+        // product for the page instead of 64-bit products of the 64-bit parameters. elem is
+        // a compile-time constant, so the byte strides are uniform.
+        const unsigned sbB = (unsigned)sb * (unsigned)elem;
+        const unsigned in_page = (unsigned)kvh * ((unsigned)sh * (unsigned)elem) +
+                                 (unsigned)off * ((unsigned)st * (unsigned)elem) +
+                                 (unsigned)extra;
+        // The page product gets its own mad.wide with base + in_page as the addend: left to
+        // itself the compiler zero-extends in_page into a register pair first (one
+        // instruction more per plane and tile, and more registers).
+        unsigned long long a;
+        asm("mad.wide.u32 %0, %1, %2, %3;"
+            : "=l"(a)
+            : "r"((unsigned)page), "r"(sbB), "l"(reinterpret_cast<unsigned long long>(base) +
+                                                  in_page));
+        return reinterpret_cast<const unsigned char*>(a);
+    } else {
+        return base + ((long long)page * sb + (long long)kvh * sh + (long long)off * st) * elem +
+               extra;
+    }
+}
+
 // Issue (or, in the fallback, perform) the copies of one plane for the tile starting at
-// token t0 (n_tile tokens, pages tp[0..n_tile)) into stage. row_off: this thread's token
-// offset in its page in the row mode when it is the same for every tile (TILE a multiple of
-// block_size), else -1.
-template <int W, int WP>
-__device__ __forceinline__ void kv_issue_plane(unsigned char* stage, const unsigned char* base,
-                                               long long sb, long long sh, long long st,
-                                               int elem, int vec, int mode, int kvh,
+// token t0 (n_tile tokens, pages tp[0..n_tile), this thread's share `at`) into stage (whose
+// shared-window address is stage_sa). FAST: every plane of the launch copies asynchronously
+// with 32-bit offsets (KvTilePipe::fast), so the width alone gives the mode (kv_plane_mode:
+// whole 16-byte units take the row mode, other widths the slab mode) and no mode, offset
+// width or fallback is decided per plane and tile.
+template <int W, int WP, bool FAST>
+__device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned stage_sa,
+                                               const unsigned char* base, long long sb,
+                                               long long sh, long long st, int elem, int vec,
+                                               int mode, int kvh, const KvIssueAt& at,
                                                const int* tp, int t0, int n_tile,
-                                               int block_size, int row_off) {
+                                               int block_size) {
     if constexpr (W > 0) {
-        const long long head_off = (long long)kvh * sh;
-        if (mode == KVD_MODE_ROW16) {
-            // TPT threads per token, thread (t, sub) copies chunks sub, sub + TPT, ...: one
-            // address computation per token and tile, and each pair of neighbouring threads
-            // fills whole 32-byte sectors.
+        const bool row = FAST ? W % 16 == 0 : mode == KVD_MODE_ROW16;
+        const bool slab = FAST ? W % 16 != 0 : mode == KVD_MODE_SLAB;
+        if (row) {
+            // One address per token and tile (the thread's first chunk; the others are
+            // immediate offsets of the copies), and each pair of neighbouring threads fills
+            // whole 32-byte sectors.
             constexpr int NCH = W / 16;
-            constexpr int TPT = kvd::THREADS / kvd::TILE;
-            const int t = threadIdx.x / TPT;
-            const int sub = threadIdx.x - t * TPT;
-            const int page = t < n_tile ? tp[t] : -1;
-            if (page >= 0) {
-                const int off = row_off >= 0 ? row_off : (t0 + t) % block_size;
-                const unsigned char* src =
-                    base + ((long long)page * sb + head_off + (long long)off * st) * elem;
-                unsigned char* dst = stage + t * WP;
+            if (at.row_page >= 0) {
+                const unsigned char* src = kv_row_src<FAST>(base, sb, sh, st, elem, kvh,
+                                                            at.row_page, at.row_off, at.row_x);
+                const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
 #pragma unroll
-                for (int ch = sub; ch < NCH; ch += TPT) kv_cp_async16(dst + ch * 16, src + ch * 16);
+                for (int k = 0; k < (NCH + kvd::TPT - 1) / kvd::TPT; ++k) {
+                    if (NCH % kvd::TPT == 0 || at.row_x / 16 + k * kvd::TPT < NCH)
+                        kv_cp_async16(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16);
+                }
             }
-        } else if (mode == KVD_MODE_SLAB) {
-            // Runs of sc tokens lie in one page (t0 is a multiple of sc from a page start) and
-            // are sc * W contiguous bytes (a multiple of 16): one page lookup and one address
-            // per thread and tile, then 16-byte pieces at a fixed stride; the page's offset
-            // is 0 unless one page holds several tiles.
-            // The tile's TILE / sc runs share the threads, tpr = THREADS * sc / TILE per run
-            // (sc is a power of two: the slab mode needs TILE % block_size == 0 when
-            // block_size < TILE); this thread serves the run starting at tile token tok from
-            // piece j0. Recomputed per tile rather than held: the kernels sit at their
-            // register cap.
-            constexpr int TPS = kvd::THREADS / kvd::TILE;
-            const int sc = block_size < kvd::TILE ? block_size : kvd::TILE;
-            const int tpr = TPS * sc;
-            const int j0 = (int)threadIdx.x & (tpr - 1);
-            const int tok = ((int)threadIdx.x - j0) / TPS;
-            const int page = tok < n_tile ? tp[tok] : -1;
-            if (page >= 0) {
-                const int pieces = sc * W / 16;
-                const int off = block_size <= kvd::TILE ? 0 : t0 % block_size;
+        } else if (slab) {
+            // One page lookup and one address per thread and tile, then 16-byte pieces at a
+            // fixed stride.
+            const int pieces = at.sc * W / 16;
+            if (at.slab_page >= 0) {
                 const unsigned char* src =
-                    base + ((long long)page * sb + head_off + (long long)off * st) * elem;
-                unsigned char* dst = stage + tok * W;
+                    kv_row_src<FAST>(base, sb, sh, st, elem, kvh, at.slab_page, at.slab_off,
+                                     at.slab_j0 * 16);
+                const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
                 // pieces / tpr = TILE * W / (16 * THREADS) whatever sc is: a trip count known
                 // at compile time (a runtime one costs a division to unroll).
                 constexpr int NPC = kvd::TILE * W / 16;
                 static_assert((kvd::TILE * W) % 16 == 0, "whole pieces per tile");
 #pragma unroll
                 for (int k = 0; k < (NPC + kvd::THREADS - 1) / kvd::THREADS; ++k) {
-                    const int pc = j0 + k * tpr;
-                    if (NPC % kvd::THREADS == 0 || pc < pieces)
-                        kv_cp_async16(dst + pc * 16, src + pc * 16);
+                    if (NPC % kvd::THREADS == 0 || at.slab_j0 + k * at.slab_tpr < pieces)
+                        kv_cp_async16(dst + k * at.slab_tpr * 16, src + k * at.slab_tpr * 16);
                 }
             }
-        } else {
-            const int v = vec & 31;
+        } else if constexpr (!FAST) {
+            const int v = vec & KVD_VEC_MASK;
             if constexpr (W % 16 == 0) {
                 if (v >= 16) {
                     kv_copy_rows_sync<W, WP, 16>(stage, base, sb, sh, st, elem, kvh, tp, t0,
@@ -417,6 +486,7 @@ struct KvTilePipe {
     int md[4];  // copy mode per plane (KVD_MODE_*)
     int rs[4];  // staging row stride per plane, bytes
     int row_off;   // row mode: this thread's token offset in its page, or -1 (per tile)
+    bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast)
     const int* block_tables;
     long long bt_row;
     int num_blocks;
@@ -491,6 +561,25 @@ struct KvTilePipe {
         rw[2] = s + kvd::TILE * (kvd::WP0 + kvd::WP1) + t * rs[2];
         rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
     }
+    template <bool FAST>
+    __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
+                                           const int* tp, int t0, int n, int kvh, int bs,
+                                           KV_PLANE_PARAM_DECL) {
+        constexpr int SO1 = kvd::TILE * kvd::WP0;
+        constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
+        constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST>(s, sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM,
+                                                    p0_vec, md[0], kvh, at, tp, t0, n, bs);
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST>(s + SO1, sa + SO1, p1, p1_sb, p1_sh, p1_st,
+                                                    KV_P1_ELEM, p1_vec, md[1], kvh, at, tp, t0,
+                                                    n, bs);
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST>(s + SO2, sa + SO2, p2, p2_sb, p2_sh, p2_st,
+                                                    KV_P2_ELEM, p2_vec, md[2], kvh, at, tp, t0,
+                                                    n, bs);
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST>(s + SO3, sa + SO3, p3, p3_sb, p3_sh, p3_st,
+                                                    KV_P3_ELEM, p3_vec, md[3], kvh, at, tp, t0,
+                                                    n, bs);
+    }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
         if (j < n_tiles) {
@@ -498,20 +587,44 @@ struct KvTilePipe {
             const int n = tile_tokens(j);
             const int* tp = pages(j);
             unsigned char* s = stage(j);
-            constexpr int SO1 = kvd::TILE * kvd::WP0;
-            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
-            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            kv_issue_plane<KV_P0_BYTES, kvd::WP0>(s, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, p0_vec,
-                                                  md[0], kvh, tp, t0, n, block_size, row_off);
-            kv_issue_plane<KV_P1_BYTES, kvd::WP1>(s + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
-                                                  p1_vec, md[1], kvh, tp, t0, n, block_size,
-                                                  row_off);
-            kv_issue_plane<KV_P2_BYTES, kvd::WP2>(s + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
-                                                  p2_vec, md[2], kvh, tp, t0, n, block_size,
-                                                  row_off);
-            kv_issue_plane<KV_P3_BYTES, kvd::WP3>(s + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
-                                                  p3_vec, md[3], kvh, tp, t0, n, block_size,
-                                                  row_off);
+            // Opaque per-tile copies of kvh, block_size and threadIdx.x: what derives from
+            // them is the same for every tile, and the compiler would compute it (both copy
+            // paths', per plane) once and hold it over the whole loop: registers the
+            // tensor-core kernels (at 128) do not have, and an occupancy step for the others.
+            // Per tile it costs an IMAD or two per plane.
+            // (tid unsigned: the divisions by TPT stay shifts.)
+            int kvh_t, bs;
+            unsigned tid;
+            asm volatile("mov.b32 %0, %3;\n\tmov.b32 %1, %4;\n\tmov.b32 %2, %5;"
+                         : "=r"(kvh_t), "=r"(bs), "=r"(tid)
+                         : "r"(kvh), "r"(block_size), "r"(threadIdx.x));
+            KvIssueAt at;
+            at.row_t = (int)(tid / kvd::TPT);
+            at.row_x = (int)(16 * (tid % kvd::TPT));
+            at.row_page = -1;
+            at.row_off = 0;
+            if constexpr (kvd::ROW_PLANES) {
+                at.row_page = at.row_t < n ? tp[at.row_t] : -1;
+                at.row_off = row_off >= 0 ? row_off : (t0 + at.row_t) % bs;
+            }
+            at.sc = bs < kvd::TILE ? bs : kvd::TILE;
+            at.slab_tpr = kvd::TPT * at.sc;
+            at.slab_j0 = (int)(tid & (at.slab_tpr - 1));
+            at.slab_tok = (int)((tid - at.slab_j0) / kvd::TPT);
+            at.slab_page = -1;
+            at.slab_off = 0;
+            if constexpr (kvd::SLAB_PLANES) {
+                // The page's offset is 0 unless one page holds several tiles.
+                at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
+                at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;
+            }
+            // Shared-window addresses in 32 bits: one conversion per tile, not per copy.
+            const unsigned sa = kv_smem_addr(s);
+            // One uniform branch per tile picks the planes' code.
+            if (fast)
+                planes<true>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
+            else
+                planes<false>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
         }
         kv_cp_async_commit();
     }
@@ -530,6 +643,10 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.md[1] = kv_plane_mode<KV_P1_BYTES>(p1_vec, block_size);
     pp.md[2] = kv_plane_mode<KV_P2_BYTES>(p2_vec, block_size);
     pp.md[3] = kv_plane_mode<KV_P3_BYTES>(p3_vec, block_size);
+    pp.fast = kv_plane_fast<KV_P0_BYTES>(pp.md[0], p0_vec) &&
+              kv_plane_fast<KV_P1_BYTES>(pp.md[1], p1_vec) &&
+              kv_plane_fast<KV_P2_BYTES>(pp.md[2], p2_vec) &&
+              kv_plane_fast<KV_P3_BYTES>(pp.md[3], p3_vec);
     pp.rs[0] = pp.md[0] == KVD_MODE_SLAB ? KV_P0_BYTES : kvd::WP0;
     pp.rs[1] = pp.md[1] == KVD_MODE_SLAB ? KV_P1_BYTES : kvd::WP1;
     pp.rs[2] = pp.md[2] == KVD_MODE_SLAB ? KV_P2_BYTES : kvd::WP2;

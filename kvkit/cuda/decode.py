@@ -61,8 +61,14 @@ STAGE1_WARPS = STAGE1_THREADS // 32
 MAX_ROWS_PER_LANE = 16
 #: Rows (warps) per CTA of the merge kernels (KVM_WARPS in decode_merge.cu).
 MERGE_WARPS = 4
+#: Load-width code: the widest aligned width (16, 8, 4, 2, 1) lives in these bits
+#: (KVD_VEC_MASK in cuda_src/common/decode_core.cuh).
+VEC_MASK = 31
 #: Load-width code bit: token-contiguous plane with 16-byte aligned slabs (KVD_SLAB_BIT).
 SLAB_BIT = 32
+#: Load-width code bit: the page stride and every in-page byte offset fit 31 bits, so the
+#: kernel's copy addresses take 32-bit in-page arithmetic (KVD_OFF32_BIT).
+OFF32_BIT = 64
 #: Largest grid.y / grid.z.
 _MAX_GRID_YZ = 65535
 
@@ -119,11 +125,25 @@ def stage1_scales(layer, scale: float) -> tuple[np.float32, np.float32]:
     raise ValueError(f"no CUDA decode for format family {family!r}")
 
 
+def offsets_fit_32bit(shape, strides, itemsize: int) -> bool:
+    """Whether a plane ``(num_blocks, H, block_size, width)`` with byte ``strides`` has a page
+    stride and a largest in-page byte offset (last head, last token, end of its row) below
+    2**31, so the stage-1 copies may form in-page offsets in 32 bits and multiply only the
+    page number in 64 (``OFF32_BIT``). Negative strides never qualify."""
+    if any(s < 0 for s in strides):
+        return False
+    limit = 1 << 31
+    _, heads, block_size, width = shape
+    last = max(heads - 1, 0) * strides[1] + max(block_size - 1, 0) * strides[2]
+    return strides[0] < limit and last + width * itemsize < limit
+
+
 def _plane_args(plane, name: str) -> list:
     """``write.plane_args`` (plane and its strides in elements) + the load width (int32).
 
     The load width is the largest of 16, 8, 4, 2, 1 bytes dividing the base address and
-    every stride in bytes, so every row of the plane starts at such a boundary.
+    every stride in bytes, so every row of the plane starts at such a boundary; SLAB_BIT and
+    OFF32_BIT add what the copies may assume beyond it.
     """
     args = plane_args(plane, name)
     item = plane.itemsize
@@ -136,6 +156,8 @@ def _plane_args(plane, name: str) -> list:
     # so runs of tokens can be copied 16 bytes at a time whatever the row width.
     if strides[2] == plane.shape[3] * item and not any(x % 16 for x in (addr, *strides[:2])):
         vec |= SLAB_BIT
+    if offsets_fit_32bit(plane.shape, strides, item):
+        vec |= OFF32_BIT
     return args + [np.int32(vec)]
 
 

@@ -372,6 +372,36 @@ def test_strided_planes(cp, name, layout):
     check_against_reference(case, split_choices=(1, 3))
 
 
+@pytest.mark.parametrize("name", ["fp16", "fp8_e4m3", "nvfp4", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("block_size, group", [(16, 4), (32, 16), (128, 4)])
+def test_32bit_and_64bit_copy_addresses_agree(cp, name, block_size, group, monkeypatch):
+    """Planes whose offsets fit 31 bits take the 32-bit copy addresses (OFF32_BIT); without
+    the bit the same copies take 64-bit addresses: the same bytes land in the same staging
+    rows, so the results are identical, bit for bit. Block sizes below, at a multiple of and
+    above the 64-token tile (per-tile token offsets, several tiles per page); G = 16 takes the
+    CUDA-core core at q_len = 2."""
+    from kvkit.cuda import decode as cuda_decode
+
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=2 if group == 16 else 1,
+                block_size=block_size, seq_lens=[3 * block_size + 7, 70, 2],
+                seed=block_size + group)  # fmt: skip
+    assert all(
+        int(cuda_decode._plane_args(p, n)[4]) & cuda_decode.OFF32_BIT
+        for n, p in case.gpu.planes.items()
+    )
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.undo()
+        o32, lse32 = case.run(num_splits)
+        monkeypatch.setattr(cuda_decode, "offsets_fit_32bit", lambda *args: False)
+        o64, lse64 = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o32, o64)
+        np.testing.assert_array_equal(lse32, lse64)
+        assert rel_error(o32, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse32, ref_lse) <= DECODE_GPU_RTOL
+
+
 # --- index safety ------------------------------------------------------------------------------
 
 

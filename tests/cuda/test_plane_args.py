@@ -35,19 +35,86 @@ def test_bad_planes_are_rejected(shape, strides, match):
         plane_args(fake_plane(shape, strides), "k")
 
 
+OFF32 = cuda_decode.OFF32_BIT
+
+
 def test_decode_load_width_and_slab_bit():
     # HND TurboQuant slots: rows of 134 bytes, (page, head) slabs of 16 * 134 = 2144 bytes.
     hnd = fake_plane((8, 2, 16, 134), (4288, 2144, 134, 1))
     args = cuda_decode._plane_args(hnd, "slots")
     assert [int(a) for a in args[1:4]] == [4288, 2144, 134]
-    assert int(args[4]) == 2 | cuda_decode.SLAB_BIT  # rows 2-byte aligned; slabs 16-byte
+    # rows 2-byte aligned; slabs 16-byte; small offsets
+    assert int(args[4]) == 2 | cuda_decode.SLAB_BIT | OFF32
     # A token-major (NHD) view: tokens not contiguous per head, no slab bit.
     nhd = fake_plane((8, 2, 16, 64), (2048, 64, 128, 1))
-    assert int(cuda_decode._plane_args(nhd, "k")[4]) == 16
+    assert int(cuda_decode._plane_args(nhd, "k")[4]) == 16 | OFF32
     # An odd base address forces single-byte loads.
     odd = fake_plane((8, 2, 16, 64), (2048, 1024, 64, 1), ptr=4097)
-    assert int(cuda_decode._plane_args(odd, "k")[4]) == 1
+    assert int(cuda_decode._plane_args(odd, "k")[4]) == 1 | OFF32
     assert np.int32(cuda_decode._plane_args(odd, "k")[4]).dtype == np.int32
+
+
+def _vec(shape, strides, itemsize=1):
+    return int(cuda_decode._plane_args(fake_plane(shape, strides, itemsize), "k")[4])
+
+
+G = 1 << 31
+
+
+@pytest.mark.parametrize(
+    "shape, strides, itemsize, fits",
+    [
+        # contiguous HND fp16 (bytes: 2 * 128 per row); the block stride is far below 2^31
+        ((1024, 8, 16, 128), (8 * 16 * 256, 16 * 256, 256, 2), 2, True),
+        # token-major (NHD) uint8 view of the same bytes
+        ((1024, 8, 16, 64), (8 * 16 * 64, 64, 8 * 64, 1), 1, True),
+        # page stride of 2^31 bytes (a huge interleaved pool): only the page term is 64-bit
+        ((4, 2, 16, 64), (G, 1024, 64, 1), 1, False),
+        ((4, 2, 16, 64), (G - 16, 1024, 64, 1), 1, True),
+        # the same, with the page stride in elements below 2^31 but in bytes at 2^31
+        ((4, 2, 16, 64), (G, 1024, 128, 2), 2, False),
+        # head-major pool (Hkv, num_blocks, bs, W) viewed as (num_blocks, Hkv, bs, W): the
+        # last head's last row ends one byte before 2^31 (fits) or at or past it
+        ((4, 4, 16, 64), (1024, (G - 15 * 64 - 64) // 3, 64, 1), 1, True),
+        ((4, 4, 16, 64), (1024, (G - 15 * 64 - 64) // 3 + 1, 64, 1), 1, False),
+        ((4, 2, 16, 64), (1024, G - 15 * 64 - 64 - 1, 64, 1), 1, True),
+        ((4, 2, 16, 64), (1024, G - 15 * 64 - 64, 64, 1), 1, False),
+        # the token term alone past 2^31 (a strided token axis)
+        ((4, 1, 16, 64), (1024, 0, (G - 64) // 15 + 1, 1), 1, False),
+        # rows ending exactly below the limit with fp32 elements (width counts in bytes)
+        ((4, 1, 1, (G - 4) // 4), (0, 0, 0, 4), 4, True),
+        ((4, 1, 1, G // 4), (0, 0, 0, 4), 4, False),
+        # a single head and token: only the row width counts
+        ((4, 1, 1, 64), (64, 64, 64, 1), 1, True),
+    ],
+)
+def test_off32_bit(shape, strides, itemsize, fits):
+    assert cuda_decode.offsets_fit_32bit(shape, strides, itemsize) is fits
+    vec = _vec(shape, strides, itemsize)
+    assert bool(vec & OFF32) is fits
+    # the bit leaves the load width and the slab bit alone
+    assert vec & cuda_decode.VEC_MASK in (1, 2, 4, 8, 16)
+    assert not vec & ~(cuda_decode.VEC_MASK | cuda_decode.SLAB_BIT | OFF32)
+
+
+def test_off32_never_for_negative_strides():
+    assert not cuda_decode.offsets_fit_32bit((4, 2, 16, 64), (-1024, 512, 64, 1), 1)
+    assert not cuda_decode.offsets_fit_32bit((4, 2, 16, 64), (1024, 512, -64, 1), 1)
+
+
+def test_load_width_code_matches_the_kernel():
+    """The Python bits are the ones decode_core.cuh decodes (KVD_VEC_MASK and the two flags),
+    and the flags do not overlap the width bits or each other."""
+    from kvkit.cuda import compiler
+
+    text = (compiler.cuda_src_dir() / "common" / "decode_core.cuh").read_text()
+    for name, value in (("KVD_VEC_MASK", cuda_decode.VEC_MASK),
+                        ("KVD_SLAB_BIT", cuda_decode.SLAB_BIT),
+                        ("KVD_OFF32_BIT", cuda_decode.OFF32_BIT)):  # fmt: skip
+        assert f"#define {name} {value}\n" in text, name
+    assert cuda_decode.VEC_MASK & cuda_decode.SLAB_BIT == 0
+    assert (cuda_decode.VEC_MASK | cuda_decode.SLAB_BIT) & cuda_decode.OFF32_BIT == 0
+    assert 16 <= cuda_decode.VEC_MASK
 
 
 class _FakeKernel:
