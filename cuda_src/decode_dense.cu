@@ -77,11 +77,9 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     kv_load_words<KPL / 4, ((KPL & -KPL) < 16 ? (KPL & -KPL) : 16)>(rows[0] + KPL * c, raw);
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned*,
-                                             unsigned* h0, unsigned* h1, unsigned* l0,
-                                             unsigned* l1) {
+                                             unsigned* h0, unsigned* h1) {
     *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
     *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
-    *l0 = *l1 = 0u;
 }
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
 // bytes at byte VPL g of the staged row (16-byte aligned rows, so VPL-aligned loads).

@@ -58,13 +58,11 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // Elements 16 ks + 2c, +1 (code byte 8 ks + c) and 16 ks + 2c + 8, +9 (byte 8 ks + 4 + c):
 // one 16-element block, one scale.
 __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,
-                                          const unsigned*, unsigned* h0, unsigned* h1,
-                                          unsigned* l0, unsigned* l1) {
+                                          unsigned* h0, unsigned* h1) {
     static_assert(KV_NVFP4_BLOCK == 16, "one block scale per 16-dim k-step");
     const unsigned sf = kv_dc_nvfp4_sf_f16x2(rows[1][ks]);
     *h0 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + c], sf);
     *h1 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + 4 + c], sf);
-    *l0 = *l1 = 0u;
 }
 // Keys straight into registers (decode_mma.cuh KV_MMA_K_REGS) where a lane's run of KPL =
 // D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128): its KPL / 2 code bytes
@@ -102,8 +100,7 @@ __device__ __forceinline__ unsigned kv_nvfp4_pair_at(unsigned x) {
     return (mag & 0x0E000E00u) | (sgn & 0x80008000u);
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned*,
-                                             unsigned* h0, unsigned* h1, unsigned* l0,
-                                             unsigned* l1) {
+                                             unsigned* h0, unsigned* h1) {
     const int w = ks >> 1;
     const unsigned x = raw[w];
     // The word's block scale in both halves: block (8 w) / 16 of the run.
@@ -116,7 +113,6 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
         *h0 = kv_hmul2(kv_nvfp4_pair_at<0>(x), sf);
         *h1 = kv_hmul2(kv_nvfp4_pair_at<4>(x), sf);
     }
-    *l0 = *l1 = 0u;
 }
 #endif
 // V elements d8..d8+7: 4 code bytes (4-byte aligned in the 16-byte aligned data rows), one

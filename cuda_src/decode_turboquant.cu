@@ -108,11 +108,9 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     for (int i = 0; i < KV_MMA_KRAW; ++i) raw[i] = p[i];
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned*,
-                                             unsigned* h0, unsigned* h1, unsigned* l0,
-                                             unsigned* l1) {
+                                             unsigned* h0, unsigned* h1) {
     *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
     *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
-    *l0 = *l1 = 0u;
 }
 #else
 #define KV_MMA_KF 1.0f
@@ -186,13 +184,11 @@ __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, u
     }
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned* table,
-                                             unsigned* h0, unsigned* h1, unsigned* l0,
-                                             unsigned* l1) {
+                                             unsigned* h0, unsigned* h1) {
     const unsigned lb = 4u * (threadIdx.x & 31u);
     const unsigned char* t = reinterpret_cast<const unsigned char*>(table);
     *h0 = *reinterpret_cast<const unsigned*>(t + kv_tq_code_off(raw, 2 * ks, lb));
     *h1 = *reinterpret_cast<const unsigned*>(t + kv_tq_code_off(raw, 2 * ks + 1, lb));
-    *l0 = *l1 = 0u;
 }
 #endif
 // Codes are centred, c - 2^(bits-1), and the zero moved by 2^(bits-1) * scale, so the code

@@ -38,7 +38,6 @@
 //     rows 8 nr + 2c, +1: the rows whose softmax state it owns (no shuffles for alpha).
 //
 // Family hooks (defined by the entry before including decode_core.cuh):
-//   KV_MMA_KSPLIT     1: kv_mma_k4 also returns lo parts (codebook keys)
 //   KV_MMA_VCODES     0: kv_mma_v8 returns fp16 values (times KV_MMA_VF^-1);
 //                     1: bf16 integer codes (minus KV_MMA_VCODE_OFFSET), and kv_mma_vtok
 //                     gives (scale_t, zero_t + offset * scale_t)
@@ -47,15 +46,15 @@
 //                     table built per CTA (codebook pairs hi/lo), and a power-of-two factor
 //                     the scores are multiplied by
 //   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix
-//   kv_mma_k4(rows, ks, c, tab, &h0, &h1, &l0, &l1): key elements 16 ks + 2c, +1 (h0) and
-//                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2 (lo parts l0, l1)
+//   kv_mma_k4(rows, ks, c, &h0, &h1): key elements 16 ks + 2c, +1 (h0) and
+//                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2
 //   KV_MMA_K_REGS     1: the score mma's K (dims) permuted so a lane's key elements of a
 //                     token are one contiguous run (the query rows in shared memory take the
 //                     same permutation, once per CTA): lane c holds dims KPL c .. KPL c +
 //                     KPL - 1 (KPL = D / 4) of its tokens g and g + 8;
 //                     kv_mma_kload(rows, c, raw) loads one token's run into KV_MMA_KRAW
 //                     words (one wide load instead of two narrow ones per k-step),
-//                     kv_mma_kstep(raw, ks, tab, &h0, &h1, &l0, &l1) gives k-step ks's operands:
+//                     kv_mma_kstep(raw, ks, tab, &h0, &h1) gives k-step ks's operands:
 //                     h0 = run elements kv_mma_kpos(ks, 0) (low half), kv_mma_kpos(ks, 1)
 //                     (high half), h1 = kv_mma_kpos(ks, 2), kv_mma_kpos(ks, 3); the family
 //                     picks the order within the run that makes its unpacking cheapest.
@@ -82,9 +81,6 @@
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
 #pragma once
 
-#ifndef KV_MMA_KSPLIT
-#define KV_MMA_KSPLIT 0
-#endif
 #ifndef KV_MMA_VCODES
 #define KV_MMA_VCODES 0
 #endif
@@ -109,8 +105,8 @@
 #ifndef KV_MMA_K_HILO
 #define KV_MMA_K_HILO 0
 #endif
-#if KV_MMA_K_HILO && (!KV_MMA_K_REGS || KV_MMA_KSPLIT)
-#error "KV_MMA_K_HILO needs KV_MMA_K_REGS and no KV_MMA_KSPLIT"
+#if KV_MMA_K_HILO && !KV_MMA_K_REGS
+#error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
 #endif
 // fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
 // scaling.
@@ -562,15 +558,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int u = 0; u < 2; ++u) {
                     unsigned ah[4];
-                    unsigned al[4];
 #if KV_MMA_K_DIRECT
                     kv_ldsm_x4(ah, k_addr + (ks + u) * 32);
 #elif KV_MMA_K_REGS
-                    kv_mma_kstep(kraw[0], ks + u, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
-                    kv_mma_kstep(kraw[1], ks + u, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
+                    kv_mma_kstep(kraw[0], ks + u, tab_s, &ah[0], &ah[2]);
+                    kv_mma_kstep(kraw[1], ks + u, tab_s, &ah[1], &ah[3]);
 #else
-                    kv_mma_k4(kr[0], ks + u, c, tab_s, &ah[0], &ah[2], &al[0], &al[2]);
-                    kv_mma_k4(kr[1], ks + u, c, tab_s, &ah[1], &ah[3], &al[1], &al[3]);
+                    kv_mma_k4(kr[0], ks + u, c, &ah[0], &ah[2]);
+                    kv_mma_k4(kr[1], ks + u, c, &ah[1], &ah[3]);
 #endif
 #pragma unroll
                     for (int nr = 0; nr < NR; ++nr) {
@@ -588,12 +583,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_MMA_QSPLIT
                         kv_mma_f16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #endif
-#if KV_MMA_KSPLIT
-                        kv_mma_f16(sk[nr], al, qh[nr][2 * u], qh[nr][2 * u + 1]);
-#endif
 #endif
                     }
-                    (void)al;
                 }
                 (void)ql;
             }
@@ -603,15 +594,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int i = 0; i < 4; ++i) {
 #if KV_MMA_BF16
                     sc[nr][i] = (sc[nr][i] + sk[nr][i]) + sq[nr][i];
-#elif !KV_MMA_QSPLIT && KV_MMA_K_DIRECT
-                    sc[nr][i] += sq[nr][i];
-#else
-#if KV_MMA_QSPLIT
-                    sc[nr][i] += sq[nr][i];
-#endif
-#if KV_MMA_KSPLIT
-                    sc[nr][i] += sk[nr][i];
-#endif
+#elif KV_MMA_QSPLIT || KV_MMA_K_DIRECT
+                    sc[nr][i] += sq[nr][i];  // the q lo chain, or fp16 keys' odd k-steps
 #endif
                 }
             }
@@ -651,9 +635,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
-                    const KvOnlineStep stp = kv_online_step2(m_r[nr][j], mx);
-                    p[nr][j][0] = kv_online_p2(p[nr][j][0], stp);
-                    p[nr][j][1] = kv_online_p2(p[nr][j][1], stp);
+                    const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
+                    p[nr][j][0] = kv_online_p<true>(p[nr][j][0], stp);
+                    p[nr][j][1] = kv_online_p<true>(p[nr][j][1], stp);
                     l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
                     m_r[nr][j] = stp.m_new;
                     alpha[nr][j] = stp.alpha;

@@ -40,24 +40,10 @@ struct KvOnlineStep {
     bool valid;
 };
 
-__device__ __forceinline__ KvOnlineStep kv_online_step(float m_old, float m_tile) {
-    KvOnlineStep st;
-    st.m_new = fmaxf(m_old, m_tile);
-    st.valid = st.m_new != kv_neg_inf();
-    // m_old = -inf with a finite m_new gives exp(-inf) = 0: the empty state is cleared.
-    st.alpha = st.valid ? expf(m_old - st.m_new) : 1.0f;
-    return st;
-}
-
-// exp(s - m_new) for a key, 0 for a masked key (s = -inf) and for an empty state.
-__device__ __forceinline__ float kv_online_p(float s, const KvOnlineStep& st) {
-    return st.valid ? expf(s - st.m_new) : 0.0f;
-}
-
-// Base-2 variants for the tensor-core core, whose logits carry the factor log2(e) (folded
-// into the per-row score scale): exp2 is one special-function instruction (ex2.approx.ftz,
-// about 2 ulp, like expf), where expf costs eight. Results below 2^-126 flush to 0: weights
-// that small next to the row's max change no float32 sum. exp2(-inf) = 0.
+// Base 2 for the tensor-core core, whose logits carry the factor log2(e) (folded into the
+// per-row score scale): exp2 is one special-function instruction (ex2.approx.ftz, about
+// 2 ulp, like expf), where expf costs eight. Results below 2^-126 flush to 0: weights that
+// small next to the row's max change no float32 sum. exp2(-inf) = 0.
 #define KV_LOG2E 1.4426950408889634f
 #define KV_LN2 0.6931471805599453f
 __device__ __forceinline__ float kv_exp2_fast(float x) {
@@ -65,13 +51,28 @@ __device__ __forceinline__ float kv_exp2_fast(float x) {
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
-__device__ __forceinline__ KvOnlineStep kv_online_step2(float m_old, float m_tile) {
+// exp(x), or 2^x for base-2 logits.
+template <bool BASE2>
+__device__ __forceinline__ float kv_exp_base(float x) {
+    if constexpr (BASE2) {
+        return kv_exp2_fast(x);
+    } else {
+        return expf(x);
+    }
+}
+
+template <bool BASE2 = false>
+__device__ __forceinline__ KvOnlineStep kv_online_step(float m_old, float m_tile) {
     KvOnlineStep st;
     st.m_new = fmaxf(m_old, m_tile);
     st.valid = st.m_new != kv_neg_inf();
-    st.alpha = st.valid ? kv_exp2_fast(m_old - st.m_new) : 1.0f;
+    // m_old = -inf with a finite m_new gives exp(-inf) = 0: the empty state is cleared.
+    st.alpha = st.valid ? kv_exp_base<BASE2>(m_old - st.m_new) : 1.0f;
     return st;
 }
-__device__ __forceinline__ float kv_online_p2(float s, const KvOnlineStep& st) {
-    return st.valid ? kv_exp2_fast(s - st.m_new) : 0.0f;
+
+// exp(s - m_new) for a key, 0 for a masked key (s = -inf) and for an empty state.
+template <bool BASE2 = false>
+__device__ __forceinline__ float kv_online_p(float s, const KvOnlineStep& st) {
+    return st.valid ? kv_exp_base<BASE2>(s - st.m_new) : 0.0f;
 }
