@@ -11,6 +11,8 @@
 //                  together with the matching arch number.
 //   KVKIT_HW_F16   1 when the fp16 conversions use cvt.rn.f16.f32 / cvt.f32.f16 (every
 //                  target), 0 for the integer twins.
+//   KVKIT_BULK_COPY 1 when cp.async.bulk (the copy engine, completing on an mbarrier) and
+//                  mbarrier expect_tx exist: sm_90 and newer.
 //
 // -DKVKIT_FORCE_SOFTWARE_CONVERSIONS=1 turns every hardware conversion path off (both macros
 // 0), so the software twins can be run and compared on any GPU.
@@ -40,4 +42,10 @@
 #else
 #define KVKIT_HW_FP4 0
 #endif
+#endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVKIT_BULK_COPY 1
+#else
+#define KVKIT_BULK_COPY 0
 #endif

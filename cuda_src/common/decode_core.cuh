@@ -101,6 +101,15 @@
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif
 
+// Bulk copies (the copy engine, sm_90+) for fast launches of families that ask for them
+// (KV_BULK_ROWS): one copy per staged row costs an elected-lane loop of ~7 instructions per
+// row, so only the latency-bound fp16 / bf16 kernels take it; the issue-bound ones keep the
+// 16-byte cp.async pieces.
+#ifndef KV_BULK_ROWS
+#define KV_BULK_ROWS 0
+#endif
+#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_ROWS)
+
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
 #define KVD_MODE_SLAB 1
@@ -192,6 +201,8 @@ constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
+// The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY).
+constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES;
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
 constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
 
@@ -200,7 +211,7 @@ constexpr int OFF_P = OFF_Q + a16(R * D * 4);
 constexpr int OFF_A = OFF_P + a16(R * PSTR * 4);
 constexpr int OFF_ML = OFF_A + a16(R * 4);
 constexpr int OFF_TP = OFF_ML + a16(2 * R * 4);
-constexpr int OFF_TAB = OFF_TP + a16(NP * TILE * 4);
+constexpr int OFF_TAB = OFF_TP + a16(TP_BYTES);
 constexpr int OFF_STG = OFF_TAB + a16(KV_FAMILY_TABLE_FLOATS * 4);
 constexpr int SMEM = OFF_STG + STG_BYTES;
 
@@ -240,6 +251,43 @@ template <int N>
 __device__ __forceinline__ void kv_cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
+
+#if KVD_BULK
+// The copy engine (sm_90+): one instruction moves a whole row or page slab (16-byte aligned
+// ends, a multiple of 16 bytes) global -> shared and counts its bytes down on the stage's
+// mbarrier; no per-16-byte instructions and no load/store-unit wavefronts (a cp.async of
+// 16-byte pieces took 24 wavefronts per instruction in fp16's profile, competing with the
+// ldmatrix feeding the mma).
+__device__ __forceinline__ void kv_bulk_copy(unsigned dst, const void* src, unsigned bytes,
+                                             unsigned bar) {
+    asm volatile(
+        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+__device__ __forceinline__ void kv_mbar_init(unsigned bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count) : "memory");
+}
+// This thread's arrival on the stage's barrier, announcing the bytes its copies will bring.
+__device__ __forceinline__ void kv_mbar_arrive_tx(unsigned bar, unsigned bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void kv_mbar_wait(unsigned bar, unsigned parity) {
+    unsigned done;
+    do {
+        asm volatile(
+            "{\n\t.reg .pred p;\n\t"
+            "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+            "selp.u32 %0, 1, 0, p;\n\t}"
+            : "=r"(done)
+            : "r"(bar), "r"(parity)
+            : "memory");
+    } while (!done);
+}
+#endif
 
 template <int C>
 __device__ __forceinline__ void kv_copy_chunk(unsigned char* dst, const unsigned char* src) {
@@ -465,6 +513,35 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
     return -1;
 }
 
+// Widths of a fast launch's row planes (whole 16-byte units) and slab planes (the others).
+__host__ __device__ constexpr int kv_row_w(int w) { return w > 0 && w % 16 == 0 ? w : 0; }
+__host__ __device__ constexpr int kv_slab_w(int w) { return w % 16 != 0 ? w : 0; }
+
+#if KVD_BULK
+// One plane's bulk copy of this thread (fast launches: the width gives the mode): its token's
+// row (row_mine) into the padded staging row, or its run of sc tokens (slab_mine) into
+// unpadded rows. Both ends are 16-byte aligned and the sizes multiples of 16 (the row and
+// slab modes' conditions).
+template <int W, int WP>
+__device__ __forceinline__ void kv_bulk_plane(unsigned sa, const unsigned char* base,
+                                              long long sb, long long sh, long long st,
+                                              int elem, int kvh, const KvIssueAt& at,
+                                              bool row_mine, bool slab_mine, unsigned bar) {
+    if constexpr (W > 0 && W % 16 == 0) {
+        if (row_mine)
+            kv_bulk_copy(sa + at.row_t * WP,
+                         kv_row_src<true>(base, sb, sh, st, elem, kvh, at.row_page, at.row_off, 0),
+                         W, bar);
+    } else if constexpr (W > 0) {
+        if (slab_mine)
+            kv_bulk_copy(sa + at.slab_tok * W,
+                         kv_row_src<true>(base, sb, sh, st, elem, kvh, at.slab_page, at.slab_off,
+                                          0),
+                         at.sc * W, bar);
+    }
+}
+#endif
+
 // The tile pipeline of one stage-1 CTA, shared by both bodies: the split's token range
 // [t_lo, t_hi) (kvkit.splits.page_range, the window start rounded down to its page), the
 // planes' copy modes and staging row strides, the page ring (tp_ring: NP slots of TILE page
@@ -486,7 +563,9 @@ struct KvTilePipe {
     int md[4];  // copy mode per plane (KVD_MODE_*)
     int rs[4];  // staging row stride per plane, bytes
     int row_off;   // row mode: this thread's token offset in its page, or -1 (per tile)
-    bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast)
+    bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast);
+                   // on sm_90+ such launches copy by the copy engine (bulk)
+    unsigned bar_sa;  // shared-window address of stage 0's mbarrier (bulk copies)
     const int* block_tables;
     long long bt_row;
     int num_blocks;
@@ -580,6 +659,55 @@ struct KvTilePipe {
                                                     KV_P3_ELEM, p3_vec, md[3], kvh, at, tp, t0,
                                                     n, bs);
     }
+#if KVD_BULK
+    // Bulk copies of tile j (fast launches on sm_90+): row planes one copy per token row by
+    // the thread with row_x 0, slab planes one copy per run by the run's first thread. Every
+    // thread arrives on the stage's barrier once per tile, announcing its bytes before it
+    // issues them (so the phase cannot complete before the copies land).
+    __device__ __forceinline__ void issue_bulk(int j, unsigned sa, const KvIssueAt& at, int kvh,
+                                               KV_PLANE_PARAM_DECL) {
+        constexpr int RW = kv_row_w(KV_P0_BYTES) + kv_row_w(KV_P1_BYTES) +
+                           kv_row_w(KV_P2_BYTES) + kv_row_w(KV_P3_BYTES);
+        constexpr int SW = kv_slab_w(KV_P0_BYTES) + kv_slab_w(KV_P1_BYTES) +
+                           kv_slab_w(KV_P2_BYTES) + kv_slab_w(KV_P3_BYTES);
+        const bool row_mine = RW > 0 && at.row_x == 0 && at.row_page >= 0;
+        const bool slab_mine = SW > 0 && at.slab_j0 == 0 && at.slab_page >= 0;
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        kv_mbar_arrive_tx(bar, (row_mine ? RW : 0) + (slab_mine ? at.sc * SW : 0));
+        if (row_mine || slab_mine) {
+            // The stage was last read through the generic proxy (before this tile's barrier);
+            // the copy engine writes through the async one.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            constexpr int SO1 = kvd::TILE * kvd::WP0;
+            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
+            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
+            kv_bulk_plane<KV_P0_BYTES, kvd::WP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh,
+                                                 at, row_mine, slab_mine, bar);
+            kv_bulk_plane<KV_P1_BYTES, kvd::WP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
+                                                 kvh, at, row_mine, slab_mine, bar);
+            kv_bulk_plane<KV_P2_BYTES, kvd::WP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
+                                                 kvh, at, row_mine, slab_mine, bar);
+            kv_bulk_plane<KV_P3_BYTES, kvd::WP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
+                                                 kvh, at, row_mine, slab_mine, bar);
+        }
+    }
+    // Tile j's bulk copies have landed (its stage's barrier finished phase j / STAGES).
+    __device__ __forceinline__ void wait_bulk(int j) const {
+        kv_mbar_wait(bar_sa + 8u * (unsigned)(j % kvd::STAGES), (unsigned)(j / kvd::STAGES) & 1u);
+    }
+#endif
+    // Tile i's copies have landed (before the tile's barrier).
+    template <int PENDING>
+    __device__ __forceinline__ void wait(int i) const {
+#if KVD_BULK
+        if (fast) {
+            wait_bulk(i);
+            return;
+        }
+#endif
+        (void)i;
+        kv_cp_async_wait<PENDING>();
+    }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
         if (j < n_tiles) {
@@ -620,6 +748,12 @@ struct KvTilePipe {
             }
             // Shared-window addresses in 32 bits: one conversion per tile, not per copy.
             const unsigned sa = kv_smem_addr(s);
+#if KVD_BULK
+            if (fast) {
+                issue_bulk(j, sa, at, kvh_t, KV_PLANE_PARAMS);
+                return;
+            }
+#endif
             // One uniform branch per tile picks the planes' code.
             if (fast)
                 planes<true>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
@@ -666,6 +800,15 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
+    // The stages' mbarriers sit after the page ring; every thread arrives once per tile. The
+    // body's barrier before the first issue publishes the initialisation.
+    pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
+#if KVD_BULK
+    if (pp.fast && threadIdx.x == 0) {
+        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
 
     const int seq_len = seq_lens[b];
     *seq_len_out = seq_len;
@@ -813,7 +956,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         for (int i = 0; i < n_tiles; ++i) {
             // Tile i's copies are complete (later tiles' groups may still fly); the barrier
             // also ends every read of iteration i - 1 (its stage, page slot, p_s, a_s).
-            kv_cp_async_wait<STAGES - 2>();
+            pipe.wait<STAGES - 2>(i);
             __syncthreads();
             pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);  // the slot of tile i - 1

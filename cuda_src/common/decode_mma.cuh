@@ -164,7 +164,7 @@ constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR]
 constexpr int OFF_QM = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // bf16 mid
 constexpr int OFF_RS = OFF_QM + kvd::a16(KV_MMA_BF16 ? 16 * QSTR * 2 : 0);    // float [16]
 constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
-constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::NP * TILE * 4);
+constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::TP_BYTES);
 constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
 constexpr int OFF_QF =                                        // float [16][D] query rows
     QF_IN_STAGE ? OFF_STG + (kvd::STAGES - 1) * kvd::STAGE_BYTES : 0;
@@ -500,7 +500,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
-            kv_cp_async_wait<STAGES - 2>();
+            pipe.wait<STAGES - 2>(i);
             __syncthreads();
             pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);
