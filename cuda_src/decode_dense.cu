@@ -107,8 +107,8 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // bf16 ones are bf16 mma operands (decode_mma.cuh KV_MMA_BF16).
 #define KV_MMA_K_DIRECT 1
 #define KV_MMA_V_DIRECT 1
-// Latency-bound (decode_core.cuh KV_BULK_ROWS): rows by the copy engine.
-#define KV_BULK_ROWS 1
+// Latency-bound (decode_core.cuh KV_BULK_COPIES): rows by the copy engine.
+#define KV_BULK_COPIES 1
 #define KV_MMA_BF16 KV_DENSE_BF16
 #endif
 

@@ -102,13 +102,15 @@
 #endif
 
 // Bulk copies (the copy engine, sm_90+) for fast launches of families that ask for them
-// (KV_BULK_ROWS): one copy per staged row costs an elected-lane loop of ~7 instructions per
-// row, so only the latency-bound fp16 / bf16 kernels take it; the issue-bound ones keep the
-// 16-byte cp.async pieces.
-#ifndef KV_BULK_ROWS
-#define KV_BULK_ROWS 0
+// (KV_BULK_COPIES): one copy per staged row (row planes) or per page run (slab planes). The
+// copy instruction takes uniform operands, so per-thread copies become an elected-lane loop
+// of ~7 warp instructions per copy: cheap for slab runs (a few per tile), dear for row
+// planes (one per token row) in the issue-bound kernels, so fp16 / bf16 (latency-bound)
+// ask for it and the others keep the 16-byte cp.async pieces.
+#ifndef KV_BULK_COPIES
+#define KV_BULK_COPIES 0
 #endif
-#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_ROWS)
+#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES)
 
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
