@@ -43,8 +43,8 @@
 //                     gives (scale_t, zero_t + offset * scale_t)
 //   KV_MMA_KF / VF    float: true key / value = operand value * KF / VF
 //   KV_MMA_TABLE_WORDS, kv_mma_init_table(tab, tid, nthreads) -> float factor: a shared
-//                     table built per CTA (codebook pairs hi/lo), and a power-of-two factor
-//                     the scores are multiplied by
+//                     table built per CTA (TurboQuant: the codebook's {hi, lo} word per code
+//                     and lane), and a power-of-two factor the scores are multiplied by
 //   KV_MMA_K_DIRECT   1: fp16 keys read from the staged plane-0 rows by ldmatrix
 //   kv_mma_k4(rows, ks, c, &h0, &h1): key elements 16 ks + 2c, +1 (h0) and
 //                     16 ks + 2c + 8, +9 (h1) of one token as fp16x2
@@ -131,7 +131,7 @@ constexpr int KQ = KV_MMA_K_HILO ? 2 * D : D;  // the score mma's K extent
 constexpr int KS = KQ / 16;             // k-steps of the score mma (even: D % 32 == 0)
 constexpr int MT = D / 16;              // m-tiles (16 dims) of the PV mma
 constexpr int NR = (R + 7) / 8;         // row tiles of 8 (the mma N)
-// q rows in shared memory: D halves + 16 bytes, so the 8 row addresses of an ldmatrix
+// q rows in shared memory: KQ halves + 16 bytes, so the 8 row addresses of an ldmatrix
 // fall into different banks.
 constexpr int QSTR = KQ + 8;
 // P is scaled by 2^15 before its fp16 split: p <= 1 stays below 65504 and p down to 2^-29
