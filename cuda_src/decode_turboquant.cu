@@ -128,7 +128,7 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 #define KV_TQ_KPL (KV_HEAD_DIM / 4)
 #define KV_TQ_RUN_BYTES (KV_TQ_KPL * TQ_KEY_BITS / 8)
 #define KV_TQ_RUN_WORDS ((KV_TQ_RUN_BYTES + 3) / 4)
-#define KV_MMA_KRAW (KV_TQ_RUN_WORDS + 1)
+#define KV_MMA_KRAW KV_TQ_RUN_WORDS
 static_assert(KV_TQ_KPL % 8 == 0, "lane runs of whole bytes");
 // Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
 __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
@@ -161,7 +161,6 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     for (int i = 0; i <= KV_TQ_RUN_WORDS; ++i) w[i] = q[i];
 #pragma unroll
     for (int i = 0; i < KV_TQ_RUN_WORDS; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
-    raw[KV_TQ_RUN_WORDS] = 0u;  // the last code's funnel source (3-bit runs of odd words)
 }
 // Byte offset in the table of run code E for this lane: code * 256 + 4 lane.
 __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, unsigned lb) {

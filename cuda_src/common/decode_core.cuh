@@ -515,11 +515,10 @@ __device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
     return -1;
 }
 
+#if KVD_BULK
 // Widths of a fast launch's row planes (whole 16-byte units) and slab planes (the others).
 __host__ __device__ constexpr int kv_row_w(int w) { return w > 0 && w % 16 == 0 ? w : 0; }
 __host__ __device__ constexpr int kv_slab_w(int w) { return w % 16 != 0 ? w : 0; }
-
-#if KVD_BULK
 // One plane's bulk copy of this thread (fast launches: the width gives the mode): its token's
 // row (row_mine) into the padded staging row, or its run of sc tokens (slab_mine) into
 // unpadded rows. Both ends are 16-byte aligned and the sizes multiples of 16 (the row and
@@ -567,7 +566,9 @@ struct KvTilePipe {
     int row_off;   // row mode: this thread's token offset in its page, or -1 (per tile)
     bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast);
                    // on sm_90+ such launches copy by the copy engine (bulk)
-    unsigned bar_sa;  // shared-window address of stage 0's mbarrier (bulk copies)
+#if KVD_BULK
+    unsigned bar_sa;  // shared-window address of stage 0's mbarrier
+#endif
     const int* block_tables;
     long long bt_row;
     int num_blocks;
@@ -804,8 +805,8 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.pf_e1 = 0;
     // The stages' mbarriers sit after the page ring; every thread arrives once per tile. The
     // body's barrier before the first issue publishes the initialisation.
-    pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
 #if KVD_BULK
+    pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
     if (pp.fast && threadIdx.x == 0) {
         for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
