@@ -117,6 +117,11 @@
 #endif
 // The PV mma on bf16 operands (value codes, or bf16 values), else on fp16.
 #define KV_MMA_PV_BF16 (KV_MMA_VCODES || KV_MMA_BF16)
+// bf16 keys: the query parts that can be non-zero. A bf16 query (8 significant bits, times
+// its row's power of two) is its hi part; an fp16 one (11 bits, no subnormals after the row
+// scaling) is hi + mid exactly; float32 needs hi + mid + lo. The parts past these are
+// exactly 0, so their mma add nothing and are skipped.
+#define KV_MMA_BF16_QPARTS (KV_IN_DTYPE == 2 ? 1 : (KV_IN_DTYPE == 1 ? 2 : 3))
 
 namespace kvm {
 using kvd::D;
@@ -547,11 +552,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
                     kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
-#if KV_MMA_QSPLIT
-                    kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
-#endif
 #if KV_MMA_BF16
-                    kv_ldsm_x4(qm[nr], qm_addr + nr * 16 * QSTR + ks * 32);
+                    if constexpr (KV_MMA_BF16_QPARTS >= 2)
+                        kv_ldsm_x4(qm[nr], qm_addr + nr * 16 * QSTR + ks * 32);
+                    if constexpr (KV_MMA_BF16_QPARTS >= 3)
+                        kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
+#elif KV_MMA_QSPLIT
+                    kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
 #endif
                 }
                 (void)qm;
@@ -572,8 +579,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_MMA_BF16
                         // hi, mid, lo query parts into sc, sk, sq (summed in that order).
                         kv_mma_bf16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
-                        kv_mma_bf16(sk[nr], ah, qm[nr][2 * u], qm[nr][2 * u + 1]);
-                        kv_mma_bf16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+                        if constexpr (KV_MMA_BF16_QPARTS >= 2)
+                            kv_mma_bf16(sk[nr], ah, qm[nr][2 * u], qm[nr][2 * u + 1]);
+                        if constexpr (KV_MMA_BF16_QPARTS >= 3)
+                            kv_mma_bf16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #elif !KV_MMA_QSPLIT && KV_MMA_K_DIRECT
                         // fp16 keys (latency-bound, 8-12 warps per SM): odd k-steps into sq,
                         // two 4-deep mma chains side by side instead of one 8-deep one.
