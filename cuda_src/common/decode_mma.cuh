@@ -348,6 +348,49 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
 }
 #endif  // !KV_MMA_V_REGS
 
+#if KV_ROTATE_Q
+// In-place FWHT of this warp's query rows r = warp, warp + NWM, ... < R (the rows the row
+// exponents below take, so no CTA barrier is needed): lane l holds dims DPL l .. DPL l +
+// DPL - 1, stages h < DPL in registers, the others by shuffles with lane l ^ (h / DPL). The
+// stage order and the operations (a + c to the lower index, a - c to the upper) are those of
+// kv_fwht_rows, so the rows are the same bit for bit, without its seven barriers (at B = 1
+// each CTA pays the prologue for one or two tiles).
+__device__ __forceinline__ void kv_fwht_rows_warp(float* rows, int warp, int lane) {
+    constexpr int DPL = kvm::D / KV_WARP;
+    static_assert(kvm::D % KV_WARP == 0 && (DPL & (DPL - 1)) == 0, "power-of-two dims per lane");
+    for (int r = warp; r < kvd::R; r += kvm::NWM) {
+        float* row = rows + r * kvm::D + DPL * lane;
+        float x[DPL];
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) x[i] = row[i];
+#pragma unroll
+        for (int h = 1; h < DPL; h <<= 1) {
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                if (!(i & h)) {
+                    const float a = x[i];
+                    const float c = x[i + h];
+                    x[i] = a + c;
+                    x[i + h] = a - c;
+                }
+            }
+        }
+#pragma unroll
+        for (int m = 1; m < KV_WARP; m <<= 1) {  // stage h = m * DPL
+            const bool upper = (lane & m) != 0;
+#pragma unroll
+            for (int i = 0; i < DPL; ++i) {
+                const float p = __shfl_xor_sync(KV_FULL_MASK, x[i], m);
+                x[i] = upper ? p - x[i] : x[i] + p;
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) row[i] = x[i];
+    }
+    __syncwarp();
+}
+#endif
+
 // The stage-1 body on tensor cores (parameters: KV_STAGE1_BODY_PARAMS).
 __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     using namespace kvm;
@@ -440,7 +483,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll 1
         for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #if KV_ROTATE_Q
-        kv_fwht_rows(qf_s, tid);
+        kv_fwht_rows_warp(qf_s, warp, lane);
 #endif
         // Row exponents: warp w scales rows w, w + 4, ...; max |q| to [2^14, 2^15).
         for (int r = warp; r < 16; r += NWM) {
