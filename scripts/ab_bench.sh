@@ -27,7 +27,8 @@ case $cmd in
       i=$((i + 1))
       dir="ab/$(printf '%02d' $i)-$(echo "$ref" | tr '/' '_')"
       mkdir -p "$dir"
-      git archive "$ref" kvkit cuda_src benchmarks scripts tests setup.cfg pyproject.toml |
+      git archive "$ref" kvkit cuda_src benchmarks scripts tests examples setup.cfg pyproject.toml \
+        pytest.ini |
         tar -x -C "$dir" || exit 1
       echo "$dir <- $(git rev-parse --short "$ref")"
     done ;;

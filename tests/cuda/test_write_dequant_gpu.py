@@ -341,3 +341,36 @@ def test_turboquant_value_zero_keeps_the_first_signed_zero(name, d):
     slots = np.arange(len(rows), dtype=np.int64)
     write_both(cpu, gpu, k, v, k, v, slots, "float32")
     assert_planes_equal(cpu, gpu, context=f"{name} D={d} signed-zero ties")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("name", [n for n in formats.names() if n.startswith("turboquant")])
+def test_turboquant_rows_at_extreme_exponents(name, in_dtype):
+    """Rows whose norms, value ranges and per-element quotients sit at the ends of float32's
+    exponent range (denormal to near overflow, and one huge element among tiny ones), where
+    a division by a reciprocal would need its IEEE fallback: same bytes as the CPU."""
+    d = 128
+    fmt = formats.get(name, d)
+    rng = np.random.default_rng(7)
+    rows = []
+    for e in (-149, -140, -126, -100, -64, -41, -39, 0, 39, 41, 64, 100, 120, 126):
+        rows.append(rng.standard_normal(d) * 2.0**e)
+    for big, small in ((60, -60), (100, -40), (120, -120), (0, -149)):
+        r = rng.standard_normal(d) * 2.0**small
+        r[rng.integers(d)] = 2.0**big
+        rows.append(r)
+    x = np.array(rows)
+    x = np.clip(x, -3.0e38, 3.0e38).astype(np.float32)
+    k = x[:, None, :]
+    v = x[::-1, None, :] * np.float32(0.5)
+    if in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k), codecs.bf16_bits_array(v)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    else:
+        k_in, v_in, k32, v32 = k, v, k, v
+    n = k.shape[0]
+    cpu, gpu = make_layers(fmt, 1, 2, 16, seed=3)
+    slots = np.arange(n, dtype=np.int32)
+    write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+    assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype}")
