@@ -16,10 +16,20 @@
 // reduction layout is 32 lanes per row, lane v holding elements [v E, v E + E), E = ceil(D/32)
 // (MSE keys need D = 32 E); here lane p of a row holds the spec's lanes p + L r, r < TQ_RPW
 // (common/vlanes.cuh keeps the operation order), so one warp's shuffles and index arithmetic
-// serve TQ_RPW rows. Codes are staged in shared memory, then lanes pack bytes; the slot is
-// assembled in shared memory and stored with 16-bit stores. Every lane runs every step (the
-// shuffles need the full warp); a row past the end, with a negative slot or with a slot >=
-// capacity (error_flag |= 1) computes on zeros and stores nothing.
+// serve TQ_RPW rows. Every lane runs every step (the shuffles need the full warp); a row past
+// the end, with a negative slot or with a slot >= capacity (error_flag |= 1) computes on zeros
+// and stores nothing.
+// D % 64 == 0 (every MSE preset; FP8 keys at such D), the path the launches at D = 64..512 take:
+//   - the per-element divisions t / den, (v - lo) / scale and k / k_scale use the row's (layer's)
+//     reciprocal with two remainder corrections (common/divide.cuh: the same bits as
+//     __fdiv_rn, which a lane falls back to for all its elements when one is out of range);
+//   - lo / hi are fminf / fmaxf over the row plus a fix-up of a zero extreme's sign (the
+//     first-occurring rule, see the V section);
+//   - codes are packed in registers (each spec lane's E codes are contiguous bits of the
+//     stream; neighbouring lanes OR their pieces into whole 16-bit units by shuffles) and every
+//     field goes straight to the slot with 16-bit stores (byte stores at an odd slot address).
+// Other D (FP8 keys only): codes staged as bytes in shared memory, packed per byte, the slot
+// assembled in shared memory and stored with 16-bit stores (the second kernel body below).
 #include "common/arch.cuh"
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
@@ -27,6 +37,7 @@
 #include "common/hadamard.cuh"
 #include "common/vlanes.cuh"
 #include "common/paged.cuh"
+#include "common/divide.cuh"
 
 #if !defined(KV_FORMAT_TURBOQUANT) || !defined(KV_HEAD_DIM) || !defined(TQ_SLOT_BYTES)
 #error "write_turboquant.cu needs the defines of a TurboQuant format (fmt.cuda_defines())"
@@ -75,6 +86,80 @@ __host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
 __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 #endif
 
+
+#define TQ_REG (KV_HEAD_DIM % 64 == 0)
+
+#if TQ_REG
+// Slot stores: 16-bit units at even byte offsets (every field of a slot starts at an even
+// offset and has an even size: D % 64 == 0 here), or two byte stores when the slot itself is
+// at an odd address (planes may be strided byte views).
+__device__ __forceinline__ void kv_tq_store16(unsigned char* dst, int off, unsigned int val, bool even) {
+    if (even) {
+        *reinterpret_cast<unsigned short*>(dst + off) = (unsigned short)val;
+    } else {
+        dst[off] = (unsigned char)val;
+        dst[off + 1] = (unsigned char)(val >> 8);
+    }
+}
+
+// Lanes (consecutive spec lanes of one row) whose pieces of pb bits fill whole 16-bit units.
+__host__ __device__ constexpr int kv_tq_group(int pb) {
+    int g = 1;
+    while ((g * pb) % 16) g *= 2;
+    return g;
+}
+
+// The b-bit codes c[r][j] (element (p + L r) E + j of the row, each < 2^BITS) into the slot's
+// LSB-first stream at byte offset `base`, packed in registers. Spec lane v's E codes are the
+// stream's bits [v E b, v E b + E b); G consecutive spec lanes (G a power of two <= L, the
+// same r) make U whole 16-bit units, ORed together by xor shuffles inside the row, and lane
+// q < U of each group stores unit q (and q + G, ...). Every lane runs the shuffles; only
+// `store` lanes write.
+template <int BITS, int R, int E>
+__device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, const unsigned int (&c)[R][E], int p,
+                                                  bool store, bool even) {
+    constexpr int L = 32 / R;
+    constexpr int PB = E * BITS;
+    constexpr int G = kv_tq_group(PB);
+    constexpr int U = G * PB / 16;
+    static_assert(G <= L && G * PB <= 64, "a group's codes must fit 64 bits inside one row");
+    const int q = p % G;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const int byte0 = base + ((p - q + L * r) * PB) / 8;  // the group's first byte
+        if constexpr (G * PB <= 32) {
+            unsigned int piece = 0u;
+#pragma unroll
+            for (int j = 0; j < E; ++j) piece |= c[r][j] << (BITS * j);
+            if constexpr (G > 1) {
+                piece <<= PB * q;
+#pragma unroll
+                for (int m = 1; m < G; m <<= 1) piece |= __shfl_xor_sync(KV_FULL_WARP, piece, m);
+            }
+            if (store) {
+#pragma unroll
+                for (int u = 0; u < U; u += G)
+                    if (u + q < U) kv_tq_store16(dst, byte0 + 2 * (u + q), piece >> (16 * (u + q)), even);
+            }
+        } else {
+            unsigned long long piece = 0ull;
+#pragma unroll
+            for (int j = 0; j < E; ++j) piece |= (unsigned long long)c[r][j] << (BITS * j);
+            if constexpr (G > 1) {
+                piece <<= PB * q;
+#pragma unroll
+                for (int m = 1; m < G; m <<= 1) piece |= __shfl_xor_sync(KV_FULL_WARP, piece, m);
+            }
+            if (store) {
+#pragma unroll
+                for (int u = 0; u < U; u += G)
+                    if (u + q < U) kv_tq_store16(dst, byte0 + 2 * (u + q), (unsigned int)(piece >> (16 * (u + q))), even);
+            }
+        }
+    }
+}
+#endif
+
 extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
@@ -89,7 +174,226 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     long long s_stride_token,                    // bytes between tokens
     float k_scale,                               // () FP8-key presets: per-layer K scale
     int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+#if TQ_REG
 {
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+#if !TQ_KEY_FP8
+    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
+    // constant-memory lookup would serialize and a register select chain costs registers.
+    __shared__ float s_cent[TQ_NUM_CENTROIDS];
+    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
+    __shared__ float s_mid[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
+    __syncthreads();
+#endif
+    const int lane = threadIdx.x & 31;
+    const int g = lane / L;  // this lane's row in the warp
+    const int p = lane % L;  // its lane within the row
+    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
+    const bool in_range = row < n_tokens * n_heads;  // token * H + head
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t = 0, blk = 0, off = 0;
+    int h = 0;
+    long long slot = -1;
+    if (in_range) {
+        kv_row_token_head(row, n_heads, narrow, &t, &h);
+        slot = (long long)slot_mapping[t];
+        if (slot >= capacity) {
+            if (p == 0 && h == 0) atomicOr(error_flag, 1);
+            slot = -1;
+        }
+    }
+    const bool active = slot >= 0;  // row-uniform
+    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
+    const long long src = active ? row * KV_HEAD_DIM : 0;
+    // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
+    float x[R][TQ_E];
+    unsigned int c[R][TQ_E];
+
+    // ---- K ----
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (active) {
+            kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, x[r]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+        }
+    }
+#if TQ_KEY_FP8
+    {
+        // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
+        const KvDivisor dv = kv_divisor(k_scale);
+        bool ok = dv.ok;
+        float y[R][TQ_E];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
+        if (!ok) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], k_scale);
+        }
+        if (active) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; j += 2)
+                    kv_tq_store16(dst, (p + L * r) * TQ_E + j, kv_e4m3x2_encode(y[r][j], y[r][j + 1]), even);
+        }
+    }
+#else
+    {
+        const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const int i0 = (p + L * r) * TQ_E;
+            const unsigned int sbits = kTqSignMask.w[i0 >> 5] >> (i0 & 31);
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) x[r][j] = __fmul_rn(x[r][j], ((sbits >> j) & 1u) ? -1.0f : 1.0f);
+        }
+        kv_vlane_fwht<R, TQ_E>(x);
+        const float den = __fmul_rn(TQ_SQRT_D, n);
+        // y = t / den, or 0 when den == 0 (row-uniform): kv_div_by with the row's reciprocal;
+        // a lane with an element out of its range redoes its elements with __fdiv_rn.
+        if (den == 0.0f) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+        } else {
+            const KvDivisor dv = kv_divisor(den);
+            bool ok = dv.ok;
+            float y[R][TQ_E];
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
+            if (!ok) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], den);
+            }
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) x[r][j] = y[r][j];
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) {
+                // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
+                // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
+                // (or the NaN pad) compares false, as in the linear count.
+                const float y = x[r][j];
+                int idx = 0;
+#pragma unroll
+                for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
+                    if (s_mid[idx + step - 1] <= y) idx += step;
+                c[r][j] = (unsigned int)idx;
+                x[r][j] = s_cent[idx];
+            }
+        }
+        const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+        kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
+        if (active && p == 0) {
+            float ratio = 0.0f;
+            if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
+            kv_tq_store16(dst, TQ_KEY_NORM_OFFSET, kv_f16_bits_sat(ratio), even);
+        }
+    }
+#endif
+
+    // ---- V ----
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        if (active) {
+            kv_load_inputs<KV_IN_DTYPE, TQ_E>(v, src + (p + L * r) * TQ_E, x[r]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+        }
+    }
+    // lo / hi: the spec's sequential scan keeps the first-occurring NaN-ignoring extreme. Its
+    // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
+    // can differ, in its sign: then it is the first zero element of the row (every element
+    // before it is NaN or on the far side of it, every later zero compares equal).
+    float vlo = x[0][0], vhi = x[0][0];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = (r == 0 ? 1 : 0); j < TQ_E; ++j) {
+            vlo = fminf(vlo, x[r][j]);
+            vhi = fmaxf(vhi, x[r][j]);
+        }
+#pragma unroll
+    for (int m = 1; m < L; m <<= 1) {
+        vlo = fminf(vlo, __shfl_xor_sync(KV_FULL_WARP, vlo, m));
+        vhi = fmaxf(vhi, __shfl_xor_sync(KV_FULL_WARP, vhi, m));
+    }
+    if (vlo == 0.0f || vhi == 0.0f) {  // row-uniform
+        unsigned int first = 0xFFFFFFFFu;  // (element index << 1) | sign of the first zero
+#pragma unroll
+        for (int r = R - 1; r >= 0; --r)
+#pragma unroll
+            for (int j = TQ_E - 1; j >= 0; --j)
+                if (x[r][j] == 0.0f)
+                    first = ((unsigned int)((p + L * r) * TQ_E + j) << 1) | (__float_as_uint(x[r][j]) >> 31);
+#pragma unroll
+        for (int m = 1; m < L; m <<= 1) first = min(first, __shfl_xor_sync(KV_FULL_WARP, first, m));
+        const float zero = __uint_as_float((first & 1u) << 31);
+        if (vlo == 0.0f) vlo = zero;
+        if (vhi == 0.0f) vhi = zero;
+    }
+    const float top = (float)TQ_V_TOP;
+    float scale = __fdiv_rn(__fsub_rn(vhi, vlo), top);
+    if (!(scale >= TQ_V_SCALE_FLOOR)) scale = TQ_V_SCALE_FLOOR;
+    {
+        // (v - lo) / scale: kv_div_by with the row's reciprocal, __fdiv_rn out of its range.
+        const KvDivisor dv = kv_divisor(scale);
+        bool ok = dv.ok;
+        float y[R][TQ_E];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(__fsub_rn(x[r][j], vlo), dv, ok);
+        if (!ok) {
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(__fsub_rn(x[r][j], vlo), scale);
+        }
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+            for (int j = 0; j < TQ_E; ++j) {
+                float q = floorf(__fadd_rn(y[r][j], 0.5f));
+                if (!(q >= 0.0f)) q = 0.0f;
+                if (q > top) q = top;
+                c[r][j] = (unsigned int)(int)q;
+            }
+        }
+    }
+    kv_tq_store_codes<TQ_VALUE_BITS, R, TQ_E>(dst, TQ_VALUE_OFFSET, c, p, active, even);
+    if (active && p == 0) {
+        kv_tq_store16(dst, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
+        kv_tq_store16(dst, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
+        for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) dst[j] = 0;  // pad
+    }
+}
+#else
+{  // TQ_REG == 0: D % 64 != 0 (FP8 keys only): codes staged as bytes in shared memory
     constexpr int R = TQ_RPW;
     constexpr int L = TQ_L;
     __shared__ unsigned char s_codes[TQ_WARPS * R][TQ_E * 32];
@@ -262,3 +566,4 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
         for (int j = p; j < TQ_SLOT_BYTES; j += L) dst[j] = sb[j];
     }
 }
+#endif

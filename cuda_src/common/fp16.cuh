@@ -165,6 +165,25 @@ __device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float
                 w[j / 2] = (j % 2) ? (w[j / 2] | (b << 16)) : b;
             }
         }
+#if KVKIT_HW_F16
+        if constexpr (DT == 1) {
+            // A NaN half is (h & 0x7FFF) > 0x7C00, i.e. (h & 0x7FFF) + 0x3FF sets bit 15 (no
+            // carry leaves a half). Without one, every element takes the bare hardware
+            // widening (exact); with one, the whole vector takes kv_f16_to_float (payload
+            // rule). One test per vector instead of a NaN branch per element.
+            unsigned int nan_bits = 0u;
+#pragma unroll
+            for (int j = 0; j < (N + 1) / 2; ++j) nan_bits |= (w[j] & 0x7FFF7FFFu) + 0x03FF03FFu;
+            if ((nan_bits & 0x80008000u) == 0u) {
+#pragma unroll
+                for (int j = 0; j < N; ++j) {
+                    const unsigned short hs = (unsigned short)(w[j / 2] >> (16 * (j % 2)));
+                    asm("cvt.f32.f16 %0, %1;" : "=f"(x[j]) : "h"(hs));
+                }
+                return;
+            }
+        }
+#endif
 #pragma unroll
         for (int j = 0; j < N; ++j) {
             const unsigned int bits = (w[j / 2] >> (16 * (j % 2))) & 0xFFFFu;

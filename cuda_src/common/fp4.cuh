@@ -13,23 +13,24 @@
 // behaviour never reach the bytes. The software twin is integer arithmetic.
 #pragma once
 #include "common/arch.cuh"
+#include "common/fp16.cuh"
 
-// RNE of a magnitude to {0, .5, 1, 1.5, 2, 3, 4, 6} (codes 0..7) as the number of midpoints
-// below it, compared as float32 bit patterns (ordered like the values for a >= 0). A
-// midpoint whose even neighbour (codes 0, 2, 4, 6) is the lower one counts once passed (>),
-// one whose even neighbour is the upper one once reached (>=). Seven compares, no branches:
-// the write kernels run this per element, and the branchy bit rounding it replaced put
-// branches and divergence syncs (BRA, BSSY, BSYNC: 20% of the instructions) into the NVFP4
-// write's profile on the H200. >= 6 and inf give 7 (saturation).
+// RNE of a magnitude to {0, .5, 1, 1.5, 2, 3, 4, 6} (codes 0..7), branch-free:
+//   |x| >= 1: E2M1 is a float with one mantissa bit there, so the float32 pattern rounded to
+//             one mantissa bit (kv_round_off_bits, RNE; a carry into the exponent is right),
+//             exponent field * 2 + mantissa bit, is the code + 252 (1.0: 127 * 2 = 254 -> 2);
+//             saturated at 7 (also inf, and every NaN pattern, as the NaN rule wants: 7).
+//   |x| < 1:  the halves 0, .5, 1 (codes 0, 1, 2): RN(|x| + 2^22) has ulp 0.5 at 2^22, so its
+//             pattern minus 2^22's counts the halves with ties to even (denormals exact: the
+//             write kernels keep them, -ftz=false).
+// About ten instructions where the count of seven midpoint compares (and, before it, the
+// branchy bit rounding: BRA / BSSY / BSYNC were 20% of the NVFP4 write's instructions on the
+// H200) took about fifteen. kvkit/formats/arch_models.py e2m1_software is the same formula.
 __device__ __forceinline__ unsigned int kv_e2m1_mag_sw(unsigned int a) {
     // a: |x| float32 bits (a NaN pattern gives 7)
-    return (unsigned int)(a > 0x3E800000u)      // 0.25: 0 | 0.5
-           + (unsigned int)(a >= 0x3F400000u)   // 0.75: 0.5 | 1
-           + (unsigned int)(a > 0x3FA00000u)    // 1.25: 1 | 1.5
-           + (unsigned int)(a >= 0x3FE00000u)   // 1.75: 1.5 | 2
-           + (unsigned int)(a > 0x40200000u)    // 2.5: 2 | 3
-           + (unsigned int)(a >= 0x40600000u)   // 3.5: 3 | 4
-           + (unsigned int)(a > 0x40A00000u);   // 5: 4 | 6
+    const unsigned int big = min(kv_round_off_bits(a, 22) - 252u, 7u);
+    const unsigned int small = __float_as_uint(__fadd_rn(__uint_as_float(a), 4194304.0f)) - 0x4A800000u;
+    return a >= 0x3F800000u ? big : small;
 }
 
 __device__ __forceinline__ unsigned int kv_e2m1x2_encode(float lo, float hi) {

@@ -85,29 +85,21 @@ def e4m3_software(x: np.ndarray) -> np.ndarray:
     return np.where(nan, 0x7F, code).astype(np.uint8)
 
 
-#: kv_e2m1_mag_sw's thresholds: (float32 bits of the midpoint, counted only when exceeded).
-_E2M1_MIDPOINT_BITS = (
-    (0x3E800000, True),  # 0.25
-    (0x3F400000, False),  # 0.75
-    (0x3FA00000, True),  # 1.25
-    (0x3FE00000, False),  # 1.75
-    (0x40200000, True),  # 2.5
-    (0x40600000, False),  # 3.5
-    (0x40A00000, True),  # 5.0
-)
-
-
 def e2m1_software(x: np.ndarray) -> np.ndarray:
-    """kv_e2m1_encode on targets without KVKIT_HW_FP4: float32 -> code 0..15 (uint8)."""
+    """kv_e2m1_encode on targets without KVKIT_HW_FP4: float32 -> code 0..15 (uint8).
+
+    kv_e2m1_mag_sw: |x| >= 1 (and inf / NaN patterns): the pattern rounded to one mantissa
+    bit (RNE) minus 252, at most 7; |x| < 1: the pattern of RN(|x| + 2^22) minus 2^22's.
+    """
     u = _bits(x)
     a = u & 0x7FFFFFFF
     nan = a > 0x7F800000
-    # The number of E2M1 midpoints below |x| (bit patterns): > where the lower neighbour's
-    # code is even, >= where the upper one's is.
-    mag = sum(
-        (a > t if strict else a >= t).astype(np.uint32)
-        for t, strict in _E2M1_MIDPOINT_BITS
-    )
+    big = np.minimum(round_off_bits(a, 22) - 252, 7)
+    with np.errstate(all="ignore"):
+        mag_f = a.astype(np.uint32).view(np.float32)
+        near = _bits((mag_f + np.float32(2.0**22)).astype(np.float32))
+    small = near - 0x4A800000
+    mag = np.where(a >= 0x3F800000, big, small)
     code = mag | ((u >> 28) & 0x8)
     return np.where(nan, 0x7, code).astype(np.uint8)
 
@@ -203,3 +195,59 @@ PATHS = {
     "e2m1_software": (e2m1_software, codecs.e2m1_encode_array),
     "e2m1_hardware": (e2m1_hardware, codecs.e2m1_encode_array),
 }
+
+
+# --- division by a row-uniform divisor (cuda_src/common/divide.cuh) ---------------------------
+
+#: kv_div_by's range limits (KV_DIV_LO / KV_DIV_HI): outside them the kernels use __fdiv_rn.
+DIV_LO = np.float32(2.0**-40)
+DIV_HI = np.float32(2.0**40)
+
+
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """fmaf(a, b, c) on float32 arrays with one rounding (denormals kept, as the write kernels).
+
+    a * b is exact in float64 (24 + 24 bits); the sum is rounded to float64 with the error
+    recovered by TwoSum, and an inexact sum is moved to an odd last bit (round to odd), so the
+    final float32 rounding is that of the exact a * b + c (53 >= 24 + 2 bits).
+    """
+    p = np.asarray(a, np.float32).astype(np.float64) * np.asarray(b, np.float32)
+    c = np.asarray(c, np.float32).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = p + c
+        bb = s - p
+        err = (p - (s - bb)) + (c - bb)
+        finite = np.isfinite(s) & np.isfinite(err)
+        bits = s.view(np.int64)
+        even = (bits & 1) == 0
+        fix = finite & (err != 0) & even
+        toward = np.where(err > 0, np.inf, -np.inf)
+        s = np.where(fix, np.nextafter(s, toward), s)
+        return s.astype(np.float32)
+
+
+def div_by_reciprocal(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """kv_divisor + kv_div_by: (the fast quotient, ok); where ok the kernels keep the fast
+    quotient, elsewhere they take __fdiv_rn(a, b). b broadcasts against a (one per row)."""
+    a = np.asarray(a, np.float32)
+    b = np.broadcast_to(np.asarray(b, np.float32), a.shape)
+    with np.errstate(all="ignore"):
+        row_ok = (b >= DIV_LO) & (b <= DIV_HI)
+        y = np.float32(1) / np.where(row_ok, b, np.float32(1))
+        q0 = a * y
+        e0 = fma_f32(q0, b, -a)
+        q1 = fma_f32(-e0, y, q0)
+        e1 = fma_f32(q1, b, -a)
+        q = fma_f32(-e1, y, q1)
+        aq = np.abs(q0)
+    ok = row_ok & (((aq >= DIV_LO) & (aq <= DIV_HI)) | (a == 0))
+    return q, ok
+
+
+def div_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """What a write kernel gets for a / b: the fast quotient where ok, IEEE division elsewhere
+    (the kernels fall back per lane, which gives the same values)."""
+    q, ok = div_by_reciprocal(a, b)
+    with np.errstate(all="ignore"):
+        exact = np.asarray(a, np.float32) / np.asarray(b, np.float32)
+    return np.where(ok, q, exact)
