@@ -3,7 +3,7 @@
 // by a row-uniform divisor (the TurboQuant key's den, the value scale, a layer's FP8 k_scale);
 // __fdiv_rn per element costs a reciprocal, a range check (FCHK) and a divergence guard each
 // time. CPU model and checks: kvkit/formats/arch_models.py (div_by_reciprocal) and
-// tests/formats/test_arch_models.py.
+// tests/formats/test_divide_model.py.
 //
 // Per element, with y = RN(1 / b) (__frcp_rn, once per row), every step one rounding:
 //   q0 = RN(a y);  e0 = RN(q0 b - a);  q1 = RN(q0 - e0 y);  e1 = RN(q1 b - a);  q = RN(q1 - e1 y)
