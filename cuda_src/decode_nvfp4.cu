@@ -65,16 +65,19 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
     *h1 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + 4 + c], sf);
 }
 // Keys straight into registers (decode_mma.cuh KV_MMA_K_REGS) where a lane's run of KPL =
-// D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128): its KPL / 2 code bytes
-// by one aligned vector load, its one or two scale bytes converted once per token (both
-// halves of one e4m3x2 conversion) instead of once per k-step. Run order: k-step ks takes
+// D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128, 256): its KPL / 2 code
+// bytes by aligned vector loads, its one, two or four scale bytes converted once per token
+// (two per e4m3x2 conversion, one scale word per pair of blocks) instead of once per k-step.
+// Run order: k-step ks takes
 // code word ks / 2 and in it nibble pairs (2m, 2m + 4) and (2m + 1, 2m + 5), m = ks % 2: each
 // pair sits in bits 4i and 16 + 4i of the word, where one shift-and-mask makes an fp16x2.
-#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128
+#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
 #define KV_MMA_K_REGS 1
 #define KV_NVFP4_KPL (KV_HEAD_DIM / 4)
 #define KV_NVFP4_KWORDS (KV_NVFP4_KPL / 8)
-#define KV_MMA_KRAW (KV_NVFP4_KWORDS + 1)
+// Scale words: two blocks' scales (fp16x2) per word.
+#define KV_NVFP4_KSW (KV_NVFP4_KPL > 2 * KV_NVFP4_BLOCK ? KV_NVFP4_KPL / (2 * KV_NVFP4_BLOCK) : 1)
+#define KV_MMA_KRAW (KV_NVFP4_KWORDS + KV_NVFP4_KSW)
 static_assert(KV_NVFP4_BLOCK == 16, "a run's blocks: 16 elements each");
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) {
     return 8 * (ks >> 1) + 2 * (ks & 1) + 4 * (j & 1) + (j >> 1);
@@ -87,9 +90,18 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     kv_load_words<KV_NVFP4_KWORDS, (RB < 16 ? RB : 16)>(rows[0] + RB * c, raw);
     // Scale bytes of the run's first and last block (the same block below D = 128).
     const unsigned char* sf = rows[1] + (KV_NVFP4_KPL * c) / KV_NVFP4_BLOCK;
+#if KV_HEAD_DIM == 256
+    // The run's four blocks have their scales at byte 4 c of the scale row (16 bytes,
+    // 16-byte aligned staging rows in every mode): one word, two conversions.
+    static_assert(KV_NVFP4_KSW == 2, "four blocks per run");
+    const unsigned w = *reinterpret_cast<const unsigned*>(sf);
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(w & 0xFFu, (w >> 8) & 0xFFu);
+    raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sf2_f16x2((w >> 16) & 0xFFu, w >> 24);
+#else
     const unsigned s0 = sf[0];
     const unsigned s1 = KV_NVFP4_KPL > KV_NVFP4_BLOCK ? sf[1] : s0;
     raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s1);
+#endif
 }
 // e2m1 codes at bits S.. and 16 + S.. of x -> fp16x2 of e2m1 * 2^-14 (kv_dc_e2m1_pair_f16x2
 // of x >> S, with the shifts folded).
@@ -104,8 +116,14 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
     const int w = ks >> 1;
     const unsigned x = raw[w];
     // The word's block scale in both halves: block (8 w) / 16 of the run.
+#if KV_HEAD_DIM == 256
+    // Four blocks, two scale words: block w / 2 is half (w / 2) % 2 of scale word w / 4.
+    const unsigned sf =
+        __byte_perm(raw[KV_NVFP4_KWORDS + (w >> 2)], 0u, (w & 2) ? 0x3232 : 0x1010);
+#else
     const unsigned sf =
         __byte_perm(raw[KV_NVFP4_KWORDS], 0u, (8 * w) / KV_NVFP4_BLOCK ? 0x3232 : 0x1010);
+#endif
     if (ks & 1) {
         *h0 = kv_hmul2(kv_nvfp4_pair_at<8>(x), sf);
         *h1 = kv_hmul2(kv_nvfp4_pair_at<12>(x), sf);
@@ -125,16 +143,28 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
 }
 
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS) where a lane group's VPL = D / 8
-// dims share one block scale (D = 32, 64, 128): VPL / 2 code bytes (aligned to VPL / 2 in
-// the 16-byte aligned data rows) and the scale byte.
-#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128
+// dims share one block scale (D = 32, 64, 128) or are two whole blocks (D = 256): VPL / 2
+// code bytes (aligned to VPL / 2 in the 16-byte aligned data rows) and the scale byte(s)
+// (raw[KV_MMA_VRAW - 1]).
+#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
-#define KV_MMA_VRAW 3
+#define KV_MMA_VRAW (KV_HEAD_DIM == 256 ? 5 : 3)
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
                                              unsigned* raw) {
     constexpr int VPL = KV_HEAD_DIM / 8;
-    static_assert(KV_NVFP4_BLOCK % VPL == 0, "one block scale per lane group");
+    static_assert(KV_NVFP4_BLOCK % VPL == 0 || VPL == 2 * KV_NVFP4_BLOCK,
+                  "one block scale, or two whole blocks, per lane group");
     const unsigned char* p = rows[2] + (VPL / 2) * g;
+#if KV_HEAD_DIM == 256
+    // 16 code bytes (16-byte aligned), the two scale bytes at byte 2 g of the 16-byte aligned
+    // scale row.
+    const uint4 w = *reinterpret_cast<const uint4*>(p);
+    raw[0] = w.x;
+    raw[1] = w.y;
+    raw[2] = w.z;
+    raw[3] = w.w;
+    raw[4] = *reinterpret_cast<const unsigned short*>(rows[3] + 2 * g);
+#else
     if constexpr (VPL == 16) {
         const uint2 w = *reinterpret_cast<const uint2*>(p);
         raw[0] = w.x;
@@ -147,6 +177,7 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
         raw[1] = 0u;
     }
     raw[2] = rows[3][(VPL * g) / KV_NVFP4_BLOCK];
+#endif
 }
 // Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
 // kv_mma_v8 (value * 2^-8).
@@ -154,7 +185,14 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
                                              unsigned* w0, unsigned* w1) {
     const int o = j & 3;
     const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
-    const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
+    unsigned sf;
+    if constexpr (KV_MMA_VRAW == 3) {
+        sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
+    } else {
+        // D = 256: dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
+        const int sh = 8 * (j >> 3);
+        sf = kv_dc_nvfp4_sf2_f16x2((ra[4] >> sh) & 0xFFu, (rb[4] >> sh) & 0xFFu);
+    }
     *w0 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e), sf);
     *w1 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e >> 4), sf);
 }

@@ -194,14 +194,30 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // and zero sums do not cancel (float32 error stays relative to the values, not to zero).
 #define KV_MMA_VCODE_OFFSET (1 << (TQ_VALUE_BITS - 1))
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
-// contiguous codes, VPL * bits <= 64 bits per token (the tensor-core core's D <= 128).
-#if KV_HEAD_DIM <= 128
+// contiguous codes, VPL * bits bits per token: <= 64 at D <= 128 (two words), 96 or 128 at
+// D = 256 (three or four words).
+#if KV_HEAD_DIM <= 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
-#define KV_MMA_VRAW 2
+#define KV_MMA_VRAW (KV_HEAD_DIM <= 128 ? 2 : (KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 32)
 static_assert(TQ_VALUE_OFFSET % 2 == 0, "value codes start 2-byte aligned in the slot");
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
                                              unsigned* raw) {
     constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+#if KV_HEAD_DIM == 256
+    // Whole words of codes (VB / 8 bytes per lane group at an even offset): aligned words
+    // from the 4-byte boundary below, funnel-shifted down (as kv_mma_kload; a word load per
+    // 4 bytes where 2-byte loads would take two). The word past the run stays in the slot
+    // (the value scale and zero follow the codes).
+    static_assert(VB % 32 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
+    const unsigned char* p = rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g;
+    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
+    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
+    unsigned w[KV_MMA_VRAW + 1];
+#pragma unroll
+    for (int i = 0; i <= KV_MMA_VRAW; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
+#else
     static_assert(VB <= 64, "one lane's codes fit 64 bits");
     const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
     unsigned long long x = 0ull;
@@ -222,6 +238,7 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     }
     raw[0] = (unsigned)x;
     raw[1] = (unsigned)(x >> 32);
+#endif
 }
 // Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
 // bf16 of c - KV_MMA_VCODE_OFFSET.
@@ -241,7 +258,9 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
         // one bit select joins them, and the high code is converted where it sits (bit B).
         const int sh = 2 * B * j;
         auto down = [](const unsigned* r, int s) -> unsigned {  // run bits s.. at bit 0
-            return s >= 32 ? r[1] >> (s - 32) : __funnelshift_r(r[0], r[1], s);
+            constexpr int L = KV_MMA_VRAW - 1;  // the last word: nothing above it
+            return s >= 32 * L ? r[L] >> (s - 32 * L)
+                               : __funnelshift_r(r[s >> 5], r[(s >> 5) + 1], s & 31);
         };
         const unsigned xa = down(ra, sh);
         const unsigned xb = sh >= 16 ? down(rb, sh - 16) : rb[0] << (16 - sh);

@@ -82,8 +82,11 @@
 
 // Tensor-core core (decode_mma.cuh) when the family provides its hooks (KV_MMA) and the rows
 // and head_dim fit it; -DKVKIT_DECODE_SIMT=1 forces the CUDA-core core (A/B measurements).
-#if defined(KV_MMA) && KV_MMA && (KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 128 && \
-    KV_HEAD_DIM % 32 == 0 && \
+// D = 256 takes one row tile only (G * q_len <= 8): its 64 accumulator floats per thread fit
+// beside the rest at <= 255 registers, two row tiles (128 floats) would spill.
+#if defined(KV_MMA) && KV_MMA && KV_HEAD_DIM % 32 == 0 && \
+    (((KV_GROUP * KV_Q_LEN) <= 16 && KV_HEAD_DIM <= 128) || \
+     ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM == 256)) && \
     !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
 #define KVD_USE_MMA 1
 #else
@@ -94,9 +97,10 @@
 // CTAs per SM (128 registers) hold the accumulators of R * D <= 2048 without spills, larger
 // row counts get the full 255 (one CTA per SM; their shared memory allows no more anyway).
 // The mma core keeps D / 8 accumulator floats per thread and row tile of 8 query rows: four
-// 128-thread CTAs per SM (<= 128 registers) with one row tile, two with two.
+// 128-thread CTAs per SM (<= 128 registers) with one row tile, two with two; D = 256 (one
+// row tile, 64 floats, like two row tiles at D = 128) two.
 #if KVD_USE_MMA
-#define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 ? 4 : 2)
+#define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2)
 #else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif

@@ -1,6 +1,7 @@
 // decode_mma.cuh: split-K decode stage 1 on tensor cores (mma.sync m16n8k16, sm_80+), for
-// G * q_len <= 16 query rows and head_dim in {32, 64, 96, 128} (D = 256 would keep too many
-// accumulator floats per thread; the CUDA-core core serves it). Included by decode_core.cuh when
+// G * q_len <= 16 query rows and head_dim in {32, 64, 96, 128}, and G * q_len <= 8 at head_dim
+// 256 (two row tiles there would keep 128 accumulator floats per thread; the CUDA-core core
+// serves them). Included by decode_core.cuh when
 // KVD_USE_MMA is 1; the tile pipeline (cp.async staging, page ring, copy modes) is the
 // one of decode_core.cuh, only the arithmetic differs.
 //
@@ -144,7 +145,7 @@ constexpr int QSTR = KQ + 8;
 constexpr float P_SCALE = 32768.0f;
 static_assert(WT == 16, "one 16-token mma k-step per warp and tile");
 static_assert(R <= 16, "the mma core serves at most 16 query rows");
-static_assert(D % 32 == 0 && D <= 128, "mma core head_dim");
+static_assert(D % 32 == 0 && (D <= 128 || (D == 256 && NR == 1)), "mma core head_dim");
 
 // Per-warp V operand tile [16 tokens][VSTR] of 16-bit values (families without direct V).
 constexpr int VSTR = D + 8;
