@@ -171,7 +171,8 @@ def test_no_kernel_spills(arch):
 
 
 # The tensor-core decode stage 1 (decode_mma.cuh) is capped at 128 registers for R <= 8 rows
-# (four CTAs per SM); a spill there costs local-memory traffic in the hottest loop.
+# at D <= 128 (four CTAs per SM), at 255 otherwise (D = 256 takes R <= 8 only); a spill there
+# costs local-memory traffic in the hottest loop.
 _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
                  "nvfp4": "decode_nvfp4.cu", "turboquant": "decode_turboquant.cu"}  # fmt: skip
 
@@ -181,10 +182,12 @@ def test_tensor_core_decode_does_not_spill(arch):
     bad = []
     for name in ("fp16", "bf16", "fp8_e4m3", "nvfp4", *TQ):
         fmt = formats.get(name, 128)
-        for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1")):
+        for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),
+                                         (4, 1, 256, "1"), (2, 4, 256, "2")):  # fmt: skip
             defines = dict(formats.get(name, d).cuda_defines())
             defines.update(KV_IN_DTYPE=q_dtype, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
             res = compile_entry(_DECODE_ENTRY[fmt.family], defines, arch, verbose_ptxas=True)
+            assert "mma.sync.aligned" in res.ptx, (name, group, q_len, d)  # the tensor-core core
             spills = _SPILL_RE.findall(res.log)
             assert spills, f"no ptxas statistics for {name}: {res.log!r}"
             if any(int(s) or int(lo) for s, lo in spills):

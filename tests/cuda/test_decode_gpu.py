@@ -185,6 +185,32 @@ def test_every_tensor_core_head_dim(cp, name, head_dim, group):
     check_against_reference(case)
 
 
+# --- head_dim 256: the tensor-core core for G * q_len <= 8 (one row tile; NVFP4 runs of four
+# blocks, TurboQuant value runs of three or four words), the CUDA-core core above ------------
+
+
+@pytest.mark.parametrize("name", ALL_FORMATS)
+@pytest.mark.parametrize("group, q_len", [(4, 1), (4, 4), (16, 1), (16, 4), (8, 1), (2, 4)])
+def test_head_dim_256(cp, name, group, q_len):
+    threads = 128 if group * q_len <= 8 else 256
+    assert _stage1_threads(name, 256, group, q_len) == threads
+    # 291 tokens: five tiles, so one split reuses each of the two staging stages.
+    case = Case(name, head_dim=256, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[37, 16 * 18 + 3, q_len], seed=256 + group * 10 + q_len)  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("name", ALL_FORMATS)
+def test_head_dim_256_options(cp, name):
+    # Pages of two tiles (block_size 128), window, sinks, soft-cap and fp16 queries on the
+    # tensor-core core at D = 256.
+    assert _stage1_threads(name, 256, 8, 1) == 128
+    case = Case(name, head_dim=256, hkv=1, group=8, q_len=1, block_size=128,
+                seq_lens=[300, 129, 1], seed=31, window=150, sinks=True, softcap=30.0,
+                q_dtype="float16")  # fmt: skip
+    check_against_reference(case)
+
+
 # --- the two stage-1 cores ------------------------------------------------------------------
 
 
@@ -205,7 +231,8 @@ def _stage1_threads(name, head_dim, group, q_len, q_dtype="float16"):
         ("fp16", 128, 4, 1, 128),
         ("turboquant_4bit_nc", 64, 16, 1, 128),
         ("nvfp4", 128, 8, 4, 256),  # 32 rows: more than one m16 tile
-        ("fp8_e4m3", 256, 4, 1, 256),  # D = 256: the accumulators would spill
+        ("fp8_e4m3", 256, 4, 1, 128),  # D = 256, one row tile
+        ("nvfp4", 256, 16, 1, 256),  # D = 256, two row tiles: the accumulators would spill
         ("bf16", 128, 16, 1, 128),  # bf16 values as bf16 operands (KV_MMA_BF16)
     ],
 )
@@ -351,8 +378,9 @@ def test_front_door_matches_the_cpu_backend(cp):
 
 @pytest.mark.parametrize("name", ["fp16", "nvfp4", "turboquant_3bit_nc", "turboquant_k8v4"])
 @pytest.mark.parametrize("layout", ["nhd", "padded_row"])
-def test_strided_planes(cp, name, layout):
-    case = Case(name, head_dim=64, hkv=2, group=4, q_len=2, block_size=32,
+@pytest.mark.parametrize("head_dim", [64, 256])  # 256: the tensor-core core's longest runs
+def test_strided_planes(cp, name, layout, head_dim):
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=2, block_size=32,
                 seq_lens=[70, 33], seed=7)  # fmt: skip
     for pname, plane in list(case.gpu.planes.items()):
         nb, h, bs, w = plane.shape
