@@ -17,10 +17,10 @@ stage                  kernel (entry)                               launch
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
 heads and all q_len queries of that KV head, so every cache byte is read once per step: tiles of
 64 tokens stream through a cp.async pipeline into shared memory and are dequantized straight
-from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 (every format;
-``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise (``decode_core.cuh``;
-``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides the staging budget
-per CTA, for tuning sweeps). With one split and no sinks stage 1 writes o and lse
+from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 and G * q_len <= 8 at
+head_dim 256 (every format; ``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise
+(``decode_core.cuh``; ``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides
+the staging budget per CTA, for tuning sweeps). With one split and no sinks stage 1 writes o and lse
 itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
