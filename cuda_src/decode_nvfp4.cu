@@ -68,15 +68,15 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 // D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128, 256): its KPL / 2 code
 // bytes by aligned vector loads, its one, two or four scale bytes converted once per token
 // (two per e4m3x2 conversion, one scale word per pair of blocks) instead of once per k-step.
-// Run order: k-step ks takes
-// code word ks / 2 and in it nibble pairs (2m, 2m + 4) and (2m + 1, 2m + 5), m = ks % 2: each
-// pair sits in bits 4i and 16 + 4i of the word, where one shift-and-mask makes an fp16x2.
+// Run order: k-step ks takes code word ks / 2 and in it nibble pairs (2m, 2m + 4) and
+// (2m + 1, 2m + 5), m = ks % 2: each pair sits in bits 4i and 16 + 4i of the word, where one
+// shift-and-mask makes an fp16x2.
 #if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
 #define KV_MMA_K_REGS 1
 #define KV_NVFP4_KPL (KV_HEAD_DIM / 4)
 #define KV_NVFP4_KWORDS (KV_NVFP4_KPL / 8)
-// Scale words: two blocks' scales (fp16x2) per word.
-#define KV_NVFP4_KSW (KV_NVFP4_KPL > 2 * KV_NVFP4_BLOCK ? KV_NVFP4_KPL / (2 * KV_NVFP4_BLOCK) : 1)
+// Scale words per run (fp16x2, two blocks per word): the run's four blocks at D = 256.
+#define KV_NVFP4_KSW (KV_HEAD_DIM == 256 ? 2 : 1)
 #define KV_MMA_KRAW (KV_NVFP4_KWORDS + KV_NVFP4_KSW)
 static_assert(KV_NVFP4_BLOCK == 16, "a run's blocks: 16 elements each");
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) {
@@ -185,14 +185,13 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
                                              unsigned* w0, unsigned* w1) {
     const int o = j & 3;
     const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
-    unsigned sf;
-    if constexpr (KV_MMA_VRAW == 3) {
-        sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
-    } else {
-        // D = 256: dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
-        const int sh = 8 * (j >> 3);
-        sf = kv_dc_nvfp4_sf2_f16x2((ra[4] >> sh) & 0xFFu, (rb[4] >> sh) & 0xFFu);
-    }
+#if KV_HEAD_DIM == 256
+    // Dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
+    const int sh = 8 * (j >> 3);
+    const unsigned sf = kv_dc_nvfp4_sf2_f16x2((ra[4] >> sh) & 0xFFu, (rb[4] >> sh) & 0xFFu);
+#else
+    const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
+#endif
     *w0 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e), sf);
     *w1 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e >> 4), sf);
 }
