@@ -56,6 +56,9 @@
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
 #endif
+#ifndef TQ_MIN_CTAS
+#error "write_turboquant.cu needs TQ_MIN_CTAS (the launch bounds' minimum CTAs per SM)"
+#endif
 #if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4
 #error "TQ_RPW must be 1, 2 or 4"
 #endif
@@ -84,6 +87,21 @@ __host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
     return m;
 }
 __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
+
+#if TQ_BKT
+// Key bucketing by a cell table (kvkit/formats/arch_models.py: BucketTable, tq_bucket_table,
+// where the proof is): cell(y) = rint(clamp(y) * TQ_BKT_SCALE) + TQ_BKT_HALF is non-decreasing
+// in y and no cell holds two midpoints, so #{midpoints <= y} = base + (mid <= y) with the
+// cell's one midpoint (NaN if none): one 16-byte shared load and one comparison per element,
+// where the binary search took b dependent loads and comparisons plus the centroid's load.
+struct __align__(16) KvTqCell {
+    unsigned int mid;  // float32 bits of the cell's midpoint, or a NaN
+    int base;          // midpoints in lower cells
+    float lo;          // c[base]: the centroid when y < mid
+    float hi;          // c[base + 1] (c[base] without a midpoint): the centroid when mid <= y
+};
+__constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
+#endif
 #endif
 
 
@@ -160,7 +178,7 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
 }
 #endif
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turboquant(
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
@@ -178,7 +196,17 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
 {
     constexpr int R = TQ_RPW;
     constexpr int L = TQ_L;
-#if !TQ_KEY_FP8
+#if !TQ_KEY_FP8 && TQ_BKT
+    // The cell table in shared memory (per-lane cells; a constant-memory lookup would
+    // serialize over distinct addresses).
+    __shared__ KvTqCell s_cell[TQ_BKT_CELLS];
+#pragma unroll
+    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
+    }
+    __syncthreads();
+#elif !TQ_KEY_FP8
     // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
     // constant-memory lookup would serialize and a register select chain costs registers.
     __shared__ float s_cent[TQ_NUM_CENTROIDS];
@@ -217,16 +245,24 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     float x[R][TQ_E];
     unsigned int c[R][TQ_E];
 
-    // ---- K ----
+    // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
+    // per row group instead of once for K and again for V (the V words cost W registers).
+    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
+    unsigned int kw[R][W], vw[R][W];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         if (active) {
-            kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, x[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, kw[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, src + (p + L * r) * TQ_E, vw[r]);
         } else {
 #pragma unroll
-            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
         }
     }
+
+    // ---- K ----
+#pragma unroll
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(kw[r], x[r]);
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
@@ -293,16 +329,28 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
         for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int j = 0; j < TQ_E; ++j) {
+                const float y = x[r][j];
+#if TQ_BKT
+                // The cell: fmaxf maps a NaN y to -clamp (cell 0, base 0, and the NaN compares
+                // false: index 0, the spec's); the fmaf's product is exact (scale a power of
+                // two) and its sum has ulp 1, so the low bits are rint(yc * scale).
+                const float yc = fminf(fmaxf(y, -TQ_BKT_CLAMP), TQ_BKT_CLAMP);
+                const int cell = __float_as_int(__fmaf_rn(yc, TQ_BKT_SCALE, TQ_BKT_MAGIC)) - TQ_BKT_BIAS;
+                const KvTqCell e = s_cell[cell];
+                const bool up = __uint_as_float(e.mid) <= y;
+                c[r][j] = (unsigned int)(e.base + (up ? 1 : 0));
+                x[r][j] = up ? e.hi : e.lo;
+#else
                 // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
                 // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
                 // (or the NaN pad) compares false, as in the linear count.
-                const float y = x[r][j];
                 int idx = 0;
 #pragma unroll
                 for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
                     if (s_mid[idx + step - 1] <= y) idx += step;
                 c[r][j] = (unsigned int)idx;
                 x[r][j] = s_cent[idx];
+#endif
             }
         }
         const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
@@ -317,14 +365,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
 
     // ---- V ----
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (active) {
-            kv_load_inputs<KV_IN_DTYPE, TQ_E>(v, src + (p + L * r) * TQ_E, x[r]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
-        }
-    }
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(vw[r], x[r]);
     // lo / hi: the spec's sequential scan keeps the first-occurring NaN-ignoring extreme. Its
     // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
     // can differ, in its sign: then it is the first zero element of the row (every element
@@ -360,28 +401,31 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     float scale = __fdiv_rn(__fsub_rn(vhi, vlo), top);
     if (!(scale >= TQ_V_SCALE_FLOOR)) scale = TQ_V_SCALE_FLOOR;
     {
-        // (v - lo) / scale: kv_div_by with the row's reciprocal, __fdiv_rn out of its range.
+        // (v - lo) / scale: kv_div_by_unchecked with the row's reciprocal (v - lo is in
+        // [0, 15.01 scale] or NaN, and only the code is kept: see divide.cuh), __fdiv_rn when
+        // the scale is out of kv_divisor's range (row-uniform).
         const KvDivisor dv = kv_divisor(scale);
-        bool ok = dv.ok;
         float y[R][TQ_E];
+        if (dv.ok) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(__fsub_rn(x[r][j], vlo), dv, ok);
-        if (!ok) {
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by_unchecked(__fsub_rn(x[r][j], vlo), dv);
+        } else {
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
                 for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(__fsub_rn(x[r][j], vlo), scale);
         }
+        // q = clamp(floor(z), 0, top) with z = y + 0.5, as clamp-then-floor: fmaxf maps a NaN
+        // z to 0 (the spec's NaN -> 0), and z in [0, top] is floored by adding 2^23 rounding
+        // down (ulp 1 there, so exact), the code in the sum's low bits.
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int j = 0; j < TQ_E; ++j) {
-                float q = floorf(__fadd_rn(y[r][j], 0.5f));
-                if (!(q >= 0.0f)) q = 0.0f;
-                if (q > top) q = top;
-                c[r][j] = (unsigned int)(int)q;
+                const float z = fminf(fmaxf(__fadd_rn(y[r][j], 0.5f), 0.0f), top);
+                c[r][j] = __float_as_uint(__fadd_rd(z, 8388608.0f)) & (unsigned int)TQ_V_TOP;
             }
         }
     }

@@ -61,13 +61,17 @@ __device__ __forceinline__ void kv_vlane_fwht(float (&x)[R][E]) {
 #pragma unroll
     for (int m = 1; m < 32; m <<= 1) {  // virtual lane distance m, h = m E
         if (m < L) {
-            const bool lower = (p & m) == 0;
+            // The lower lane computes x + other, the upper other - x: both are one fmaf with
+            // a +-1 multiplier, whose product is exact, so the single rounding is that of the
+            // sum (signed zeros and NaN included). A select between an add and a subtract costs
+            // two predicated adds per element.
+            const float sgn = (p & m) == 0 ? 1.0f : -1.0f;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
 #pragma unroll
                 for (int j = 0; j < E; ++j) {
                     const float other = __shfl_xor_sync(KV_FULL_WARP, x[r][j], m);
-                    x[r][j] = lower ? __fadd_rn(x[r][j], other) : __fsub_rn(other, x[r][j]);
+                    x[r][j] = __fmaf_rn(x[r][j], sgn, other);
                 }
             }
         } else {

@@ -22,11 +22,14 @@ uint16) + ``KV_SLOT_T`` (``int`` / ``long long`` from the slot dtype).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..formats import DenseFormat, Format, FP8Format, NVFP4Format, TurboQuantFormat
+from ..formats.arch_models import BKT_MAGIC, BKT_MAGIC_BITS, tq_bucket_table
+from ..formats.base import cuda_float
 from .compiler import get_kernel
 from .launch import launch_and_record
 
@@ -50,6 +53,54 @@ def tq_rows_per_warp(head_dim: int) -> int:
     or 2 when a lane's 32-bit share of a row, ceil(D / 32) floats per spec lane, exceeds 8
     (D = 512, FP8 keys), where 4 rows would not fit in registers."""
     return 4 if -(-head_dim // 32) <= 8 else 2
+
+
+def tq_min_ctas(head_dim: int, in_dtype: str) -> int:
+    """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
+
+    16-bit inputs at D <= 128: 6, so ptxas keeps a thread within 80 registers (6 CTAs of 128
+    threads per SM, 24 warps); left free it took 82 with K and V loaded up front (5 CTAs, 20
+    warps). Otherwise 1 (no cap): float32 inputs (16 more registers of V words) and D = 256
+    (32 floats per lane and row) spill under any cap that raises occupancy (sm_86, sm_120a)."""
+    return 6 if head_dim <= 128 and in_dtype != "0" else 1
+
+
+def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
+    """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
+    ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` (for the KV_IN_DTYPE code ``in_dtype``) and,
+    for MSE keys whose codebook has a cell table
+    (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
+    the kernel searches the midpoints."""
+    d = {
+        "TQ_RPW": str(tq_rows_per_warp(fmt.head_dim)),
+        "TQ_MIN_CTAS": str(tq_min_ctas(fmt.head_dim, in_dtype)),
+    }
+    d.update(_tq_bucket_defines(fmt))
+    return d
+
+
+@cache
+def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
+    """The cell-table defines of an MSE-key format (empty without a table); cached per format,
+    as the table costs host time on every write call otherwise. Callers copy, never mutate."""
+    d: dict[str, str] = {}
+    table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
+    if table is not None:
+        mid_bits = table.mid.view(np.uint32)
+        cells = ",".join(
+            f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
+            for m, b, lo, hi in zip(mid_bits, table.base, table.cent_lo, table.cent_hi)
+        )
+        d.update(
+            TQ_BKT="1",
+            TQ_BKT_CELLS=str(table.cells),
+            TQ_BKT_SCALE=cuda_float(table.scale),
+            TQ_BKT_CLAMP=cuda_float(table.clamp),
+            TQ_BKT_MAGIC=cuda_float(BKT_MAGIC),
+            TQ_BKT_BIAS=str(BKT_MAGIC_BITS - table.half),
+            TQ_BKT_TABLE="{" + cells + "}",
+        )
+    return d
 
 
 def _family(fmt: Format) -> str:
@@ -169,7 +220,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         )
     else:
         rows_per_warp = tq_rows_per_warp(d)
-        defines["TQ_RPW"] = str(rows_per_warp)
+        defines.update(tq_launch_defines(fmt, code))
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
         launch_and_record(

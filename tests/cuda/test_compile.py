@@ -20,7 +20,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 from kvkit import formats  # noqa: E402
 from kvkit.cuda import compiler  # noqa: E402
 from kvkit.cuda.compiler import TARGETS, compile_entry, compile_only  # noqa: E402
-from kvkit.cuda.write import tq_rows_per_warp  # noqa: E402
+from kvkit.cuda.write import tq_launch_defines  # noqa: E402
 
 
 def _nvrtc_reason() -> str | None:
@@ -61,8 +61,8 @@ def _built(arch: str):
 def _defines(name: str, d: int = 128, in_dtype: str = "1", slot_t: str = "long long", **extra):
     defines = dict(formats.get(name, d).cuda_defines())
     defines.update(KV_IN_DTYPE=in_dtype, KV_SLOT_T=slot_t, **{k: str(v) for k, v in extra.items()})
-    if name in TQ:  # the write launcher's rows per warp (other TurboQuant entries ignore it)
-        defines["TQ_RPW"] = str(tq_rows_per_warp(d))
+    if name in TQ:  # the write launcher's defines (other TurboQuant entries ignore them)
+        defines.update(tq_launch_defines(formats.get(name, d), in_dtype))
     return defines
 
 
