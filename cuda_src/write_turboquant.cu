@@ -176,89 +176,33 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
         }
     }
 }
+
+// The shared tables kv_tq_rows reads: the cell table, the midpoints and codebook, or none.
+#if TQ_KEY_FP8
+#define TQ_TABLE_PARAMS
+#define TQ_TABLES
+#elif TQ_BKT
+#define TQ_TABLE_PARAMS , const KvTqCell* __restrict__ s_cell
+#define TQ_TABLES , s_cell
+#else
+#define TQ_TABLE_PARAMS , const float* __restrict__ s_mid, const float* __restrict__ s_cent
+#define TQ_TABLES , s_mid, s_cent
 #endif
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_write_turboquant(
-    const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
-    const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
-    const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
-    long long n_tokens,                          // N
-    int n_heads,                                 // H
-    long long capacity,                          // num_blocks * block_size
-    int block_size,                              // tokens per page
-    unsigned char* __restrict__ slots,           // (num_blocks, H, block_size, TQ_SLOT_BYTES)
-    long long s_stride_block,                    // bytes between pages
-    long long s_stride_head,                     // bytes between heads
-    long long s_stride_token,                    // bytes between tokens
-    float k_scale,                               // () FP8-key presets: per-layer K scale
-    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
-#if TQ_REG
-{
+// Everything after the loads, for the TQ_RPW rows of a warp: quantize, pack and store. kw / vw:
+// the lane's input words of K and V (spec lanes p + L r); dst: the row's slot (any address
+// when !active); EVEN: dst is even (16-bit stores), else byte stores.
+template <bool EVEN>
+__device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
     constexpr int R = TQ_RPW;
     constexpr int L = TQ_L;
-#if !TQ_KEY_FP8 && TQ_BKT
-    // The cell table in shared memory (per-lane cells; a constant-memory lookup would
-    // serialize over distinct addresses).
-    __shared__ KvTqCell s_cell[TQ_BKT_CELLS];
-#pragma unroll
-    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
-        const int i = i0 + (int)threadIdx.x;
-        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
-    }
-    __syncthreads();
-#elif !TQ_KEY_FP8
-    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
-    // constant-memory lookup would serialize and a register select chain costs registers.
-    __shared__ float s_cent[TQ_NUM_CENTROIDS];
-    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
-    __shared__ float s_mid[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) {
-        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
-        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
-                                                                : __uint_as_float(0x7FC00000u);
-    }
-    __syncthreads();
-#endif
-    const int lane = threadIdx.x & 31;
-    const int g = lane / L;  // this lane's row in the warp
-    const int p = lane % L;  // its lane within the row
-    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
-    const bool in_range = row < n_tokens * n_heads;  // token * H + head
-    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
-    long long t = 0, blk = 0, off = 0;
-    int h = 0;
-    long long slot = -1;
-    if (in_range) {
-        kv_row_token_head(row, n_heads, narrow, &t, &h);
-        slot = (long long)slot_mapping[t];
-        if (slot >= capacity) {
-            if (p == 0 && h == 0) atomicOr(error_flag, 1);
-            slot = -1;
-        }
-    }
-    const bool active = slot >= 0;  // row-uniform
-    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
-    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
-    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
-    const long long src = active ? row * KV_HEAD_DIM : 0;
+    constexpr bool even = EVEN;
     // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
     float x[R][TQ_E];
     unsigned int c[R][TQ_E];
 
-    // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
-    // per row group instead of once for K and again for V (the V words cost W registers).
-    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
-    unsigned int kw[R][W], vw[R][W];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (active) {
-            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, kw[r]);
-            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, src + (p + L * r) * TQ_E, vw[r]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
-        }
-    }
 
     // ---- K ----
 #pragma unroll
@@ -434,6 +378,107 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_w
         kv_tq_store16(dst, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
         kv_tq_store16(dst, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
         for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) dst[j] = 0;  // pad
+    }
+}
+
+#endif
+
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_write_turboquant(
+    const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
+    const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
+    const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
+    long long n_tokens,                          // N
+    int n_heads,                                 // H
+    long long capacity,                          // num_blocks * block_size
+    int block_size,                              // tokens per page
+    unsigned char* __restrict__ slots,           // (num_blocks, H, block_size, TQ_SLOT_BYTES)
+    long long s_stride_block,                    // bytes between pages
+    long long s_stride_head,                     // bytes between heads
+    long long s_stride_token,                    // bytes between tokens
+    float k_scale,                               // () FP8-key presets: per-layer K scale
+    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+#if TQ_REG
+{
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+#if !TQ_KEY_FP8 && TQ_BKT
+    // The cell table in shared memory (per-lane cells; a constant-memory lookup would
+    // serialize over distinct addresses).
+    __shared__ KvTqCell s_cell[TQ_BKT_CELLS];
+#pragma unroll
+    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
+    }
+    __syncthreads();
+#elif !TQ_KEY_FP8
+    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
+    // constant-memory lookup would serialize and a register select chain costs registers.
+    __shared__ float s_cent[TQ_NUM_CENTROIDS];
+    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
+    __shared__ float s_mid[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
+    __syncthreads();
+#endif
+    const int lane = threadIdx.x & 31;
+    const int g = lane / L;  // this lane's row in the warp
+    const int p = lane % L;  // its lane within the row
+    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
+    const bool in_range = row < n_tokens * n_heads;  // token * H + head
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t = 0, blk = 0, off = 0;
+    int h = 0;
+    long long slot = -1;
+    if (in_range) {
+        kv_row_token_head(row, n_heads, narrow, &t, &h);
+        slot = (long long)slot_mapping[t];
+        if (slot >= capacity) {
+            if (p == 0 && h == 0) atomicOr(error_flag, 1);
+            slot = -1;
+        }
+    }
+    const bool active = slot >= 0;  // row-uniform
+    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
+    const long long src = active ? row * KV_HEAD_DIM : 0;
+    // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
+    // per row group instead of once for K and again for V (the V words cost W registers).
+    // A lane's pieces are CHUNK bytes at multiples of CHUNK from the row's start (D * size =
+    // 32 CHUNK), so the alignment of every load is that of the base pointers: tested once,
+    // where a test per load made the lanes of one warp diverge over vector widths.
+    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
+    constexpr int CHUNK = TQ_E * (KV_IN_DTYPE == 0 ? 4 : 2);
+    constexpr int ALIGN = CHUNK < 16 ? CHUNK : 16;
+    const bool aligned =
+        ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
+    unsigned int kw[R][W], vw[R][W];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const long long i = src + (p + L * r) * TQ_E;
+        if (active && aligned) {
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
+        } else if (active) {
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, i, kw[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, i, vw[r]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
+        }
+    }
+
+    // Slot stores are 16-bit when the slot's address is even (always, unless a plane is a byte
+    // view at an odd offset): one warp-uniform branch to a body with the stores fixed, where
+    // a per-store test put two byte stores and a shift beside every 16-bit store.
+    if (__all_sync(KV_FULL_WARP, even)) {
+        kv_tq_rows<true>(kw, vw, dst, p, active, k_scale TQ_TABLES);
+    } else {
+        kv_tq_rows<false>(kw, vw, dst, p, active, k_scale TQ_TABLES);
     }
 }
 #else

@@ -171,6 +171,16 @@ __device__ __forceinline__ void kv_load_input_words(const void* p, long long i, 
     }
 }
 
+// kv_load_input_words where the caller knows element i's address is ALIGN-byte aligned
+// (ALIGN a power of two <= 16 dividing the N elements' size): no run-time alignment test.
+template <int DT, int N, int ALIGN>
+__device__ __forceinline__ void kv_load_input_words_aligned(const void* p, long long i,
+                                                            unsigned int (&w)[KvInputWords<DT, N>::n]) {
+    static_assert(DT == 0 || N % 2 == 0, "16-bit inputs: whole words");
+    const unsigned char* a = static_cast<const unsigned char*>(p) + i * (DT == 0 ? 4 : 2);
+    kv_load_words<KvInputWords<DT, N>::n, ALIGN>(a, w);
+}
+
 // The values of kv_load_input_words' words: kv_input_to_float's, element for element.
 template <int DT, int N>
 __device__ __forceinline__ void kv_widen_input_words(const unsigned int (&w)[KvInputWords<DT, N>::n], float (&x)[N]) {
