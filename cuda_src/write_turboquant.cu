@@ -97,8 +97,8 @@ __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 struct __align__(16) KvTqCell {
     unsigned int mid;  // float32 bits of the cell's midpoint, or a NaN
     int base;          // midpoints in lower cells
-    float lo;          // c[base]: the centroid when y < mid
-    float hi;          // c[base + 1] (c[base] without a midpoint): the centroid when mid <= y
+    float lo2;         // c[base]^2 (float32 product): the centroid's square when y < mid
+    float hi2;         // c[base + 1]^2 (c[base]^2 without a midpoint): when mid <= y
 };
 __constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
 #endif
@@ -283,7 +283,7 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
                 const KvTqCell e = s_cell[cell];
                 const bool up = __uint_as_float(e.mid) <= y;
                 c[r][j] = (unsigned int)(e.base + (up ? 1 : 0));
-                x[r][j] = up ? e.hi : e.lo;
+                x[r][j] = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
 #else
                 // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
                 // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
@@ -297,7 +297,11 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
 #endif
             }
         }
+#if TQ_BKT
+        const float cn = __fsqrt_rn(kv_vlane_sum<R, TQ_E>(x));  // x holds the squares
+#else
         const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+#endif
         kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
         if (active && p == 0) {
             float ratio = 0.0f;

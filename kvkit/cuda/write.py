@@ -89,7 +89,7 @@ def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
         mid_bits = table.mid.view(np.uint32)
         cells = ",".join(
             f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
-            for m, b, lo, hi in zip(mid_bits, table.base, table.cent_lo, table.cent_hi)
+            for m, b, lo, hi in zip(mid_bits, table.base, table.sq_lo, table.sq_hi)
         )
         d.update(
             TQ_BKT="1",

@@ -299,7 +299,9 @@ class BucketTable:
     non-decreasing function of y; a NaN y takes cell 0 (fmaxf(NaN, -clamp) = -clamp). Cell k
     holds: base[k], the number of midpoints whose cell is below k; mid[k], the one midpoint
     whose cell is k (NaN if none; the table exists only when no cell has two); cent_lo[k] =
-    c[base[k]] and cent_hi[k] = c[base[k] + 1] (or c[base[k]] when mid[k] is NaN).
+    c[base[k]] and cent_hi[k] = c[base[k] + 1] (or c[base[k]] when mid[k] is NaN). The kernel's
+    table holds their float32 squares (sq_lo, sq_hi): the centroids enter only the norm
+    correction's sum of squares, whose products are these same roundings.
 
     Then #{midpoints <= y} = base[cell(y)] + (mid[cell(y)] <= y) for every float32 y: a
     midpoint m with cell(m) < cell(y) is < y (m >= y would give cell(m) >= cell(y)), one with
@@ -328,6 +330,14 @@ class BucketTable:
         # yc * scale is exact (a power of two, far from over/underflow); np.rint is ties-to-even
         r = np.rint(yc.astype(np.float64) * float(self.scale))
         return r.astype(np.int64) + self.half
+
+    @property
+    def sq_lo(self) -> np.ndarray:
+        return (self.cent_lo * self.cent_lo).astype(np.float32)
+
+    @property
+    def sq_hi(self) -> np.ndarray:
+        return (self.cent_hi * self.cent_hi).astype(np.float32)
 
     def index(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(bucket index, its centroid) as the kernel computes them."""

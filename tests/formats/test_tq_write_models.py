@@ -67,6 +67,11 @@ def check(table: arch_models.BucketTable, mids, cents, y) -> None:
     bad = np.flatnonzero(idx != want)
     assert bad.size == 0, (y[bad[:5]], idx[bad[:5]], want[bad[:5]])
     np.testing.assert_array_equal(cent.view(np.uint32), cents[want].view(np.uint32))
+    sq = np.where(
+        idx == table.base[table.cell(y)], table.sq_lo[table.cell(y)], table.sq_hi[table.cell(y)]
+    )
+    c = cents[want]
+    np.testing.assert_array_equal(sq.view(np.uint32), (c * c).astype(np.float32).view(np.uint32))
 
 
 @pytest.mark.parametrize("d", [64, 128, 256])
