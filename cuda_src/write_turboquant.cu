@@ -10,7 +10,8 @@
 // V: lo / hi = first-occurring NaN-ignoring min / max (the CPU's sequential scan, so the sign
 //   of a zero lo matches too); scale = max((hi - lo) / (2^b - 1), floor);
 //   q_i = clamp(floor((v_i - lo) / scale + 0.5), 0, 2^b - 1); fp16_sat(scale), fp16_sat(lo).
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, and from
+// kvkit/cuda/write.py tq_launch_defines: TQ_RPW, TQ_MIN_CTAS, TQ_BKT and its table.
 //
 // Mapping: TQ_RPW rows (token, head) per warp, L = 32 / TQ_RPW lanes per row. The spec's
 // reduction layout is 32 lanes per row, lane v holding elements [v E, v E + E), E = ceil(D/32)
@@ -20,9 +21,13 @@
 // the end, with a negative slot or with a slot >= capacity (error_flag |= 1) computes on zeros
 // and stores nothing.
 // D % 64 == 0 (every MSE preset; FP8 keys at such D), the path the launches at D = 64..512 take:
+//   - K and V are loaded before any arithmetic (one wait for memory per row group);
 //   - the per-element divisions t / den, (v - lo) / scale and k / k_scale use the row's (layer's)
 //     reciprocal with two remainder corrections (common/divide.cuh: the same bits as
-//     __fdiv_rn, which a lane falls back to for all its elements when one is out of range);
+//     __fdiv_rn, which a lane falls back to for all its elements when one is out of range;
+//     the V quotient needs no element check, only its code is kept);
+//   - MSE keys are bucketed by a cell table (TQ_BKT, kvkit/formats/arch_models.py
+//     BucketTable) where the codebook has one (every preset), else by binary search;
 //   - lo / hi are fminf / fmaxf over the row plus a fix-up of a zero extreme's sign (the
 //     first-occurring rule, see the V section);
 //   - codes are packed in registers (each spec lane's E codes are contiguous bits of the
@@ -46,12 +51,14 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
-// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
+// __launch_bounds__(.., TQ_MIN_CTAS), a launch define (kvkit/cuda/write.py tq_min_ctas): 4 at
+// 8 rows per warp (128 registers), else 1, since a larger minimum made ptxas cap registers
+// and spill on some targets (sm_86, sm_120a).
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
-// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py: 4, or 2 at D = 512 to keep
-// the 2 x 16 x R input floats per lane in registers); shared memory 4 * R * (D + slot bytes)
-// <= 20 KB.
+// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp: 8 for
+// 16-bit inputs at D <= 128, where the row-uniform work per row halves; else 4, or 2 at
+// D = 512 to keep the 2 x 16 x R input floats per lane in registers); shared memory of the
+// second body 4 * R * (D + slot bytes) <= 20 KB.
 #define TQ_WARPS 4
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
@@ -59,8 +66,8 @@
 #ifndef TQ_MIN_CTAS
 #error "write_turboquant.cu needs TQ_MIN_CTAS (the launch bounds' minimum CTAs per SM)"
 #endif
-#if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4
-#error "TQ_RPW must be 1, 2 or 4"
+#if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4 && TQ_RPW != 8
+#error "TQ_RPW must be 1, 2, 4 or 8"
 #endif
 #define TQ_L (32 / TQ_RPW)
 #define TQ_E ((KV_HEAD_DIM + 31) / 32)

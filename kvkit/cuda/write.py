@@ -12,8 +12,9 @@ fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8
                           (write_dense.cu)          256 threads per CTA
 nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
                           (write_nvfp4.cu)          128 threads per CTA
-turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
-                          (write_turboquant.cu)     512), 4 warps per CTA
+turboquant_*              ``kvkit_write_turboquant``  8 (token, head) rows per warp (16-bit
+                          (write_turboquant.cu)     inputs, D <= 128), else 4 (2 at D = 512),
+                                                    4 warps per CTA
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
@@ -48,21 +49,30 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
-def tq_rows_per_warp(head_dim: int) -> int:
-    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define): 4,
-    or 2 when a lane's 32-bit share of a row, ceil(D / 32) floats per spec lane, exceeds 8
-    (D = 512, FP8 keys), where 4 rows would not fit in registers."""
+def tq_rows_per_warp(head_dim: int, in_dtype: str = "1") -> int:
+    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define) for
+    the KV_IN_DTYPE code ``in_dtype``.
+
+    8 for 16-bit inputs at D <= 128: the kernel issues about twice the instructions a row's
+    elements need on row-uniform work (indices, norms, divisors, fp16 fields, reductions)
+    and FWHT shuffle stages, and 8 rows per warp share that work and drop a shuffle stage
+    (static count per 4 rows, turboquant_4bit_nc sm_90: 1126 at 4 rows per warp, 947 at 8),
+    at 128 registers (4 CTAs, 16 warps, 128 rows in flight per SM). Else 4, or 2 when a
+    lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D = 512, FP8 keys),
+    where 4 rows would not fit in registers."""
+    if head_dim <= 128 and in_dtype != "0":
+        return 8
     return 4 if -(-head_dim // 32) <= 8 else 2
 
 
 def tq_min_ctas(head_dim: int, in_dtype: str) -> int:
     """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
 
-    16-bit inputs at D <= 128: 6, so ptxas keeps a thread within 80 registers (6 CTAs of 128
-    threads per SM, 24 warps); left free it took 82 with K and V loaded up front (5 CTAs, 20
-    warps). Otherwise 1 (no cap): float32 inputs (16 more registers of V words) and D = 256
-    (32 floats per lane and row) spill under any cap that raises occupancy (sm_86, sm_120a)."""
-    return 6 if head_dim <= 128 and in_dtype != "0" else 1
+    4 at 8 rows per warp (128 registers, what ptxas takes unconstrained; the bound keeps it
+    there on every target). Otherwise 1 (no cap): float32 inputs (twice the registers of V
+    words) and D = 256 (32 floats per lane and row) spill under any cap that raises
+    occupancy (seen on sm_86 and sm_120a)."""
+    return 4 if tq_rows_per_warp(head_dim, in_dtype) == 8 else 1
 
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
@@ -72,7 +82,7 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
     the kernel searches the midpoints."""
     d = {
-        "TQ_RPW": str(tq_rows_per_warp(fmt.head_dim)),
+        "TQ_RPW": str(tq_rows_per_warp(fmt.head_dim, in_dtype)),
         "TQ_MIN_CTAS": str(tq_min_ctas(fmt.head_dim, in_dtype)),
     }
     d.update(_tq_bucket_defines(fmt))
@@ -219,7 +229,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     else:
-        rows_per_warp = tq_rows_per_warp(d)
+        rows_per_warp = tq_rows_per_warp(d, code)
         defines.update(tq_launch_defines(fmt, code))
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
