@@ -49,7 +49,15 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
-def tq_rows_per_warp(head_dim: int, in_dtype: str = "1") -> int:
+def _pack_group(piece_bits: int) -> int:
+    """kv_tq_group: consecutive spec lanes whose piece_bits-bit code pieces fill 16-bit units."""
+    g = 1
+    while (g * piece_bits) % 16:
+        g *= 2
+    return g
+
+
+def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
     """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define) for
     the KV_IN_DTYPE code ``in_dtype``.
 
@@ -59,20 +67,24 @@ def tq_rows_per_warp(head_dim: int, in_dtype: str = "1") -> int:
     (static count per 4 rows, turboquant_4bit_nc sm_90: 1126 at 4 rows per warp, 947 at 8),
     at 128 registers (4 CTAs, 16 warps, 128 rows in flight per SM). Else 4, or 2 when a
     lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D = 512, FP8 keys),
-    where 4 rows would not fit in registers."""
-    if head_dim <= 128 and in_dtype != "0":
+    where 4 rows would not fit in registers. 8 needs each packing group of code pieces within
+    a row's 4 lanes (kv_tq_store_codes), which 3-bit codes at D = 64 are not."""
+    head_dim = fmt.head_dim
+    e = -(-head_dim // 32)
+    bits = [fmt.value_bits] + ([fmt.key_bits] if fmt.key_kind == "mse" else [])
+    if head_dim <= 128 and in_dtype != "0" and all(_pack_group(e * b) <= 4 for b in bits):
         return 8
-    return 4 if -(-head_dim // 32) <= 8 else 2
+    return 4 if e <= 8 else 2
 
 
-def tq_min_ctas(head_dim: int, in_dtype: str) -> int:
+def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
     """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
 
     4 at 8 rows per warp (128 registers, what ptxas takes unconstrained; the bound keeps it
     there on every target). Otherwise 1 (no cap): float32 inputs (twice the registers of V
     words) and D = 256 (32 floats per lane and row) spill under any cap that raises
     occupancy (seen on sm_86 and sm_120a)."""
-    return 4 if tq_rows_per_warp(head_dim, in_dtype) == 8 else 1
+    return 4 if tq_rows_per_warp(fmt, in_dtype) == 8 else 1
 
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
@@ -82,8 +94,8 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
     the kernel searches the midpoints."""
     d = {
-        "TQ_RPW": str(tq_rows_per_warp(fmt.head_dim, in_dtype)),
-        "TQ_MIN_CTAS": str(tq_min_ctas(fmt.head_dim, in_dtype)),
+        "TQ_RPW": str(tq_rows_per_warp(fmt, in_dtype)),
+        "TQ_MIN_CTAS": str(tq_min_ctas(fmt, in_dtype)),
     }
     d.update(_tq_bucket_defines(fmt))
     return d
@@ -229,7 +241,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     else:
-        rows_per_warp = tq_rows_per_warp(d, code)
+        rows_per_warp = tq_rows_per_warp(fmt, code)
         defines.update(tq_launch_defines(fmt, code))
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
