@@ -281,6 +281,24 @@ def tq_value_codes(v: np.ndarray, bits: int, floor_scale: float) -> np.ndarray:
         return np.floor(z).astype(np.int64)
 
 
+# --- decoding by scaling a shifted code (cuda_src/common/fp8.cuh, fp4.cuh) --------------------
+
+
+def e4m3_decode_scaled(code: np.ndarray) -> np.ndarray:
+    """kv_e4m3_decode_pos: float32 bits (code << 20) times 2**120 (subnormals kept), and the
+    quiet NaN for 0x7F; codes 0..0x7F."""
+    code = np.asarray(code, np.uint32)
+    v = (code << np.uint32(20)).view(np.float32) * np.float32(2.0**120)
+    return np.where(code == 0x7F, np.uint32(0x7FC00000).view(np.float32), v).astype(np.float32)
+
+
+def e2m1_value_scaled(code: np.ndarray) -> np.ndarray:
+    """kv_e2m1_value_scaled: float32 bits ((code & 7) << 22 | sign) times 2**126."""
+    code = np.asarray(code, np.uint32)
+    raw = ((code & np.uint32(7)) << np.uint32(22)) | ((code & np.uint32(8)) << np.uint32(28))
+    return (raw.view(np.float32) * np.float32(2.0**126)).astype(np.float32)
+
+
 # --- TurboQuant key bucketing by a cell table (cuda_src/write_turboquant.cu, TQ_BKT) ---------
 
 #: 1.5 * 2**23: fmaf(yc, scale, BKT_MAGIC) has ulp 1 while |yc * scale| < 2**22, so its bit

@@ -17,7 +17,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from kvkit import formats
-from kvkit.formats import arch_models, codebook
+from kvkit.formats import arch_models, codebook, codecs
 from kvkit.formats.turboquant import V_SCALE_FLOOR
 
 MSE = [n for n in formats.names() if n.startswith("turboquant") and not n.endswith("k8v4")]
@@ -153,3 +153,15 @@ def test_value_codes_on_hypothesis_rows(vals, bits):
     np.testing.assert_array_equal(
         arch_models.tq_value_codes(v, bits, V_SCALE_FLOOR), spec_value_codes(v, bits)
     )
+
+
+def test_scaled_decoders_equal_the_spec_on_every_code():
+    """The NVFP4 writer's decoders (fp8.cuh kv_e4m3_decode_pos, fp4.cuh kv_e2m1_value_scaled)."""
+    codes = np.arange(0x80, dtype=np.uint8)
+    want = codecs.e4m3_decode_array(codes).astype(np.float32)
+    got = arch_models.e4m3_decode_scaled(codes)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    codes = np.arange(16, dtype=np.uint8)
+    want = np.array([codecs.e2m1_decode(int(c)) for c in codes], np.float32)
+    got = arch_models.e2m1_value_scaled(codes)
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
