@@ -57,6 +57,18 @@ __device__ __forceinline__ unsigned int kv_e2m1x2_encode(float lo, float hi) {
     return (cl | sl) | ((ch | sh) << 4);
 }
 
+// kv_e2m1_mag_sw for a magnitude m = |x| that is not NaN, in float arithmetic: with
+// P = 2^floor(log2(clamp(m, 1, 8))), RN(m + P 2^22) has ulp P / 2, so its pattern minus that of
+// P 2^22 is m / (P / 2) rounded to nearest even; plus 2 log2(P) it is the code (P = 1: the
+// halves 0..4; P = 2: 2 + {2, 3, 4}; P = 4: 4 + {2, 3, 4}; P = 8: >= 8), at most 7 (saturation,
+// +inf too). About eight instructions where the integer rounding, the 2^22 path and their
+// select took ten. CPU model: kvkit/formats/arch_models.py e2m1_software_nonan.
+__device__ __forceinline__ unsigned int kv_e2m1_mag_sw_nonan(float m) {
+    const unsigned int pb = __float_as_uint(fminf(fmaxf(m, 1.0f), 8.0f)) & 0x7F800000u;
+    const float s = __fadd_rn(m, __uint_as_float(pb + (22u << 23)));
+    return min(__float_as_uint(s) - pb - (22u << 23) + (pb >> 22) - 254u, 7u);
+}
+
 // kv_e2m1x2_encode for inputs known not to be NaN (the NVFP4 writer's blocks with a finite
 // amax and a finite reciprocal): the same bits without the two NaN tests and sign selects.
 __device__ __forceinline__ unsigned int kv_e2m1x2_encode_nonan(float lo, float hi) {
@@ -71,8 +83,8 @@ __device__ __forceinline__ unsigned int kv_e2m1x2_encode_nonan(float lo, float h
         : "f"(__uint_as_float(ah)), "f"(__uint_as_float(al)));
     unsigned int cl = r & 0x7u, ch = (r >> 4) & 0x7u;
 #else
-    unsigned int cl = kv_e2m1_mag_sw(al);
-    unsigned int ch = kv_e2m1_mag_sw(ah);
+    unsigned int cl = kv_e2m1_mag_sw_nonan(fabsf(lo));
+    unsigned int ch = kv_e2m1_mag_sw_nonan(fabsf(hi));
 #endif
     return (cl | ((ul >> 28) & 0x8u)) | ((ch | ((uh >> 28) & 0x8u)) << 4);
 }

@@ -106,6 +106,22 @@ def e2m1_software(x: np.ndarray) -> np.ndarray:
     return np.where(nan, 0x7, code).astype(np.uint8)
 
 
+def e2m1_software_nonan(x: np.ndarray) -> np.ndarray:
+    """kv_e2m1x2_encode_nonan's software path (kv_e2m1_mag_sw_nonan) for x that is not NaN:
+    P = 2^floor(log2(clamp(|x|, 1, 8))); code = pattern(RN(|x| + P 2^22)) - pattern(P 2^22)
+    + 2 log2(P), at most 7; the sign bit of x. (NaN inputs never reach it: 0x7 here.)"""
+    u = _bits(x)
+    a = u & 0x7FFFFFFF
+    with np.errstate(all="ignore"):
+        m = a.astype(np.uint32).view(np.float32)
+        pb = _bits(np.minimum(np.maximum(m, np.float32(1)), np.float32(8))) & 0x7F800000
+        magic = (pb + (22 << 23)).astype(np.uint32).view(np.float32)
+        s = _bits((m + magic).astype(np.float32))
+    mag = np.minimum(s - pb - (22 << 23) + (pb >> 22) - 254, 7)
+    code = mag | ((u >> 28) & 0x8)
+    return np.where(a > 0x7F800000, 0x7, code).astype(np.uint8)
+
+
 def f16_software(x: np.ndarray, saturate: bool = False) -> np.ndarray:
     """kv_f16_bits_sw: float32 -> IEEE binary16 bits (uint16); NaN keeps sign and payload
     (NumPy's rule) unless saturating, where every NaN is 0x7E00."""
