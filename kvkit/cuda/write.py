@@ -72,8 +72,9 @@ def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
     head_dim = fmt.head_dim
     e = -(-head_dim // 32)
     bits = [fmt.value_bits] + ([fmt.key_bits] if fmt.key_kind == "mse" else [])
-    if head_dim <= 128 and in_dtype != "0" and all(_pack_group(e * b) <= 4 for b in bits):
-        return 8
+    # A/B variant (branch write-r2-rpw4): 4 rows per warp everywhere, 6 CTAs per SM at D <= 128
+    # with 16-bit inputs (80 registers, 24 warps), to compare with 8 rows per warp.
+    del bits
     return 4 if e <= 8 else 2
 
 
@@ -84,7 +85,7 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
     there on every target). Otherwise 1 (no cap): float32 inputs (twice the registers of V
     words) and D = 256 (32 floats per lane and row) spill under any cap that raises
     occupancy (seen on sm_86 and sm_120a)."""
-    return 4 if tq_rows_per_warp(fmt, in_dtype) == 8 else 1
+    return 6 if fmt.head_dim <= 128 and in_dtype != "0" else 1
 
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
