@@ -461,10 +461,12 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_w
     // per row group instead of once for K and again for V (the V words cost W registers).
     // A lane's pieces are CHUNK bytes at multiples of CHUNK from the row's start (D * size =
     // 32 CHUNK), so the alignment of every load is that of the base pointers: tested once,
-    // where a test per load made the lanes of one warp diverge over vector widths.
+    // where a test per load made the lanes of one warp diverge over vector widths. ALIGN: the
+    // largest power of two dividing CHUNK, at most 16 (E = 6 at D = 192: 12 bytes, 4-aligned).
     constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
     constexpr int CHUNK = TQ_E * (KV_IN_DTYPE == 0 ? 4 : 2);
-    constexpr int ALIGN = CHUNK < 16 ? CHUNK : 16;
+    constexpr int ALIGN = (CHUNK & -CHUNK) < 16 ? (CHUNK & -CHUNK) : 16;
+    static_assert(CHUNK % ALIGN == 0 && (ALIGN & (ALIGN - 1)) == 0, "a power-of-two alignment of every piece");
     const bool aligned =
         ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
     unsigned int kw[R][W], vw[R][W];

@@ -145,7 +145,7 @@ def _variants():
             for d in (16, 128, 512):
                 out.append((f"{kind}_{fam}.cu", name, d, "1", "long long"))
         for name in TQ:
-            dims = (16, 48, 128, 512) if name == "turboquant_k8v4" else (64, 128, 256)
+            dims = (16, 48, 128, 192, 512) if name == "turboquant_k8v4" else (64, 128, 256)
             for d in dims:
                 out.append((f"{kind}_turboquant.cu", name, d, "1", "long long"))
     for entry, name in (

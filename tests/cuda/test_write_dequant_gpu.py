@@ -34,7 +34,7 @@ from kvkit.formats import codecs
 pytestmark = pytest.mark.gpu
 
 MSE_DIMS = (64, 128, 256)
-OTHER_DIMS = (16, 32, 48, 64, 96, 128, 256, 512)
+OTHER_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 512)  # 192: E = 6, 12-byte lane pieces
 IN_DTYPES = ("float32", "float16", "bfloat16")
 SPECIAL_VALUES = np.array(
     [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40, 3e-6, -6e-8, 60000.0, -60000.0],
