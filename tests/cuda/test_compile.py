@@ -216,3 +216,13 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="compiled although"):
         compiler.module_file("write_nvfp4.cu", _defines("nvfp4", in_dtype="0"), "sm_90", False)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, ptx.name])
+
+
+def test_turboquant_write_without_a_cell_table_compiles():
+    """The binary-search bucketing (a user codebook whose midpoints no 256-cell table
+    separates: tq_launch_defines then gives no TQ_BKT) builds without spills."""
+    for name, d in (("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64)):
+        defines = {k: v for k, v in _defines(name, d).items() if not k.startswith("TQ_BKT")}
+        res = compile_entry("write_turboquant.cu", defines, "sm_90", verbose_ptxas=True)
+        spills = _SPILL_RE.findall(res.log)
+        assert spills and not any(int(s) or int(lo) for s, lo in spills), res.log
