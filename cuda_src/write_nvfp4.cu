@@ -32,19 +32,30 @@
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
 
 // One candidate: codes packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7); returns sf code.
-__device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16], float amax, float target, float g,
-                                                           unsigned int (&w)[2], float& sfv) {
+// finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN and the
+// encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare: the
+// general encoder, per thread).
+__device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16], float amax, bool finite, float target,
+                                                           float g, unsigned int (&w)[2], float& sfv) {
     unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
-    sfv = kv_e4m3_decode(sfc);
+    sfv = kv_e4m3_decode_pos(sfc);  // sfc <= 0x7F: amax >= 0 or NaN
     float den = __fmul_rn(sfv, g);
     float inv = 0.0f;
-    if (den != 0.0f) inv = __fdiv_rn(1.0f, den);  // NaN den gives NaN inv, as the CPU
+    if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den); NaN den gives NaN, as the CPU
     w[0] = 0u;
     w[1] = 0u;
+    if (finite && fabsf(inv) < __uint_as_float(0x7F800000u)) {
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        unsigned int b = kv_e2m1x2_encode(__fmul_rn(x[2 * j], inv), __fmul_rn(x[2 * j + 1], inv));
-        w[j >> 2] |= b << (8 * (j & 3));
+        for (int j = 0; j < 8; ++j) {
+            unsigned int b = kv_e2m1x2_encode_nonan(__fmul_rn(x[2 * j], inv), __fmul_rn(x[2 * j + 1], inv));
+            w[j >> 2] |= b << (8 * (j & 3));
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            unsigned int b = kv_e2m1x2_encode(__fmul_rn(x[2 * j], inv), __fmul_rn(x[2 * j + 1], inv));
+            w[j >> 2] |= b << (8 * (j & 3));
+        }
     }
     return sfc;
 }
@@ -55,7 +66,7 @@ __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const u
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         unsigned int code = (w[i >> 3] >> (4 * (i & 7))) & 0xFu;
-        float d = __fsub_rn(x[i], __fmul_rn(__fmul_rn(kv_e2m1_value(code), sfv), g));
+        float d = __fsub_rn(x[i], __fmul_rn(__fmul_rn(kv_e2m1_value_scaled(code), sfv), g));
         float dd = __fmul_rn(d, d);
         err = i == 0 ? dd : __fadd_rn(err, dd);
     }
@@ -64,17 +75,25 @@ __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const u
 
 __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], float g, unsigned char* data,
                                                       unsigned char* sf) {
+    // amax with NaN propagating (max.NaN, the same cost): finite means no NaN or inf input;
+    // otherwise the spec's NaN-ignoring fold again (rare).
     float amax = fabsf(x[0]);
 #pragma unroll
-    for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
+    for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %1, %2;" : "=f"(amax) : "f"(amax), "f"(fabsf(x[i])));
+    const bool finite = fabsf(amax) < __uint_as_float(0x7F800000u);
+    if (!finite) {
+        amax = fabsf(x[0]);
+#pragma unroll
+        for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
+    }
     unsigned int w[2];
     float sfv;
-    unsigned int sfc = kv_nvfp4_candidate(x, amax, 6.0f, g, w, sfv);
+    unsigned int sfc = kv_nvfp4_candidate(x, amax, finite, 6.0f, g, w, sfv);
 #if KV_NVFP4_FOUR_OVER_SIX
     {
         unsigned int w4[2];
         float sfv4;
-        unsigned int sfc4 = kv_nvfp4_candidate(x, amax, 4.0f, g, w4, sfv4);
+        unsigned int sfc4 = kv_nvfp4_candidate(x, amax, finite, 4.0f, g, w4, sfv4);
         if (kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w, sfv, g)) {  // ties keep 6
             sfc = sfc4;
             w[0] = w4[0];
@@ -135,12 +154,16 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_wr
     }
     kv_slot_page(slot, block_size, narrow, &blk, &off);
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
+    // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
+    unsigned int kw[KvInputWords<KV_IN_DTYPE, 16>::n], vw[KvInputWords<KV_IN_DTYPE, 16>::n];
+    kv_load_input_words<KV_IN_DTYPE, 16>(k, src, kw);
+    kv_load_input_words<KV_IN_DTYPE, 16>(v, src, vw);
     float x[16];
-    kv_load_inputs<KV_IN_DTYPE, 16>(k, src, x);
+    kv_widen_input_words<KV_IN_DTYPE, 16>(kw, x);
     kv_nvfp4_encode_block(x, k_scale,
                           k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
                           k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
-    kv_load_inputs<KV_IN_DTYPE, 16>(v, src, x);
+    kv_widen_input_words<KV_IN_DTYPE, 16>(vw, x);
     kv_nvfp4_encode_block(x, v_scale,
                           v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
                           v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);

@@ -10,7 +10,8 @@
 // V: lo / hi = first-occurring NaN-ignoring min / max (the CPU's sequential scan, so the sign
 //   of a zero lo matches too); scale = max((hi - lo) / (2^b - 1), floor);
 //   q_i = clamp(floor((v_i - lo) / scale + 0.5), 0, 2^b - 1); fp16_sat(scale), fp16_sat(lo).
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, and from
+// kvkit/cuda/write.py tq_launch_defines: TQ_RPW, TQ_MIN_CTAS, TQ_BKT and its table.
 //
 // Mapping: TQ_RPW rows (token, head) per warp, L = 32 / TQ_RPW lanes per row. The spec's
 // reduction layout is 32 lanes per row, lane v holding elements [v E, v E + E), E = ceil(D/32)
@@ -20,9 +21,13 @@
 // the end, with a negative slot or with a slot >= capacity (error_flag |= 1) computes on zeros
 // and stores nothing.
 // D % 64 == 0 (every MSE preset; FP8 keys at such D), the path the launches at D = 64..512 take:
+//   - K and V are loaded before any arithmetic (one wait for memory per row group);
 //   - the per-element divisions t / den, (v - lo) / scale and k / k_scale use the row's (layer's)
 //     reciprocal with two remainder corrections (common/divide.cuh: the same bits as
-//     __fdiv_rn, which a lane falls back to for all its elements when one is out of range);
+//     __fdiv_rn, which a lane falls back to for all its elements when one is out of range;
+//     the V quotient needs no element check, only its code is kept);
+//   - MSE keys are bucketed by a cell table (TQ_BKT, kvkit/formats/arch_models.py
+//     BucketTable) where the codebook has one (every preset), else by binary search;
 //   - lo / hi are fminf / fmaxf over the row plus a fix-up of a zero extreme's sign (the
 //     first-occurring rule, see the V section);
 //   - codes are packed in registers (each spec lane's E codes are contiguous bits of the
@@ -46,18 +51,23 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
-// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
+// __launch_bounds__(.., TQ_MIN_CTAS), a launch define (kvkit/cuda/write.py tq_min_ctas): 4 at
+// 8 rows per warp (128 registers), else 1, since a larger minimum made ptxas cap registers
+// and spill on some targets (sm_86, sm_120a).
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
-// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py: 4, or 2 at D = 512 to keep
-// the 2 x 16 x R input floats per lane in registers); shared memory 4 * R * (D + slot bytes)
-// <= 20 KB.
+// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp: 8 for
+// 16-bit inputs at D <= 128, where the row-uniform work per row halves; else 4, or 2 at
+// D = 512 to keep the 2 x 16 x R input floats per lane in registers); shared memory of the
+// second body 4 * R * (D + slot bytes) <= 20 KB.
 #define TQ_WARPS 4
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
 #endif
-#if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4
-#error "TQ_RPW must be 1, 2 or 4"
+#ifndef TQ_MIN_CTAS
+#error "write_turboquant.cu needs TQ_MIN_CTAS (the launch bounds' minimum CTAs per SM)"
+#endif
+#if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4 && TQ_RPW != 8
+#error "TQ_RPW must be 1, 2, 4 or 8"
 #endif
 #define TQ_L (32 / TQ_RPW)
 #define TQ_E ((KV_HEAD_DIM + 31) / 32)
@@ -84,6 +94,21 @@ __host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
     return m;
 }
 __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
+
+#if TQ_BKT
+// Key bucketing by a cell table (kvkit/formats/arch_models.py: BucketTable, tq_bucket_table,
+// where the proof is): cell(y) = rint(clamp(y) * TQ_BKT_SCALE) + TQ_BKT_HALF is non-decreasing
+// in y and no cell holds two midpoints, so #{midpoints <= y} = base + (mid <= y) with the
+// cell's one midpoint (NaN if none): one 16-byte shared load and one comparison per element,
+// where the binary search took b dependent loads and comparisons plus the centroid's load.
+struct __align__(16) KvTqCell {
+    unsigned int mid;  // float32 bits of the cell's midpoint, or a NaN
+    int base;          // midpoints in lower cells
+    float lo2;         // c[base]^2 (float32 product): the centroid's square when y < mid
+    float hi2;         // c[base + 1]^2 (c[base]^2 without a midpoint): when mid <= y
+};
+__constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
+#endif
 #endif
 
 
@@ -158,75 +183,37 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
         }
     }
 }
+
+// The shared tables kv_tq_rows reads: the cell table, the midpoints and codebook, or none.
+#if TQ_KEY_FP8
+#define TQ_TABLE_PARAMS
+#define TQ_TABLES
+#elif TQ_BKT
+#define TQ_TABLE_PARAMS , const KvTqCell* __restrict__ s_cell
+#define TQ_TABLES , s_cell
+#else
+#define TQ_TABLE_PARAMS , const float* __restrict__ s_mid, const float* __restrict__ s_cent
+#define TQ_TABLES , s_mid, s_cent
 #endif
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turboquant(
-    const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
-    const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
-    const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
-    long long n_tokens,                          // N
-    int n_heads,                                 // H
-    long long capacity,                          // num_blocks * block_size
-    int block_size,                              // tokens per page
-    unsigned char* __restrict__ slots,           // (num_blocks, H, block_size, TQ_SLOT_BYTES)
-    long long s_stride_block,                    // bytes between pages
-    long long s_stride_head,                     // bytes between heads
-    long long s_stride_token,                    // bytes between tokens
-    float k_scale,                               // () FP8-key presets: per-layer K scale
-    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
-#if TQ_REG
-{
+// Everything after the loads, for the TQ_RPW rows of a warp: quantize, pack and store. kw / vw:
+// the lane's input words of K and V (spec lanes p + L r); dst: the row's slot (any address
+// when !active); EVEN: dst is even (16-bit stores), else byte stores.
+template <bool EVEN>
+__device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
     constexpr int R = TQ_RPW;
     constexpr int L = TQ_L;
-#if !TQ_KEY_FP8
-    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
-    // constant-memory lookup would serialize and a register select chain costs registers.
-    __shared__ float s_cent[TQ_NUM_CENTROIDS];
-    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
-    __shared__ float s_mid[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) {
-        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
-        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
-                                                                : __uint_as_float(0x7FC00000u);
-    }
-    __syncthreads();
-#endif
-    const int lane = threadIdx.x & 31;
-    const int g = lane / L;  // this lane's row in the warp
-    const int p = lane % L;  // its lane within the row
-    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
-    const bool in_range = row < n_tokens * n_heads;  // token * H + head
-    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
-    long long t = 0, blk = 0, off = 0;
-    int h = 0;
-    long long slot = -1;
-    if (in_range) {
-        kv_row_token_head(row, n_heads, narrow, &t, &h);
-        slot = (long long)slot_mapping[t];
-        if (slot >= capacity) {
-            if (p == 0 && h == 0) atomicOr(error_flag, 1);
-            slot = -1;
-        }
-    }
-    const bool active = slot >= 0;  // row-uniform
-    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
-    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
-    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
-    const long long src = active ? row * KV_HEAD_DIM : 0;
+    constexpr bool even = EVEN;
     // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
     float x[R][TQ_E];
     unsigned int c[R][TQ_E];
 
+
     // ---- K ----
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (active) {
-            kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, x[r]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
-        }
-    }
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(kw[r], x[r]);
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
@@ -293,19 +280,35 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
         for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int j = 0; j < TQ_E; ++j) {
+                const float y = x[r][j];
+#if TQ_BKT
+                // The cell: fmaxf maps a NaN y to -clamp (cell 0, base 0, and the NaN compares
+                // false: index 0, the spec's); the fmaf's product is exact (scale a power of
+                // two) and its sum has ulp 1, so the low bits are rint(yc * scale).
+                const float yc = fminf(fmaxf(y, -TQ_BKT_CLAMP), TQ_BKT_CLAMP);
+                const int cell = __float_as_int(__fmaf_rn(yc, TQ_BKT_SCALE, TQ_BKT_MAGIC)) - TQ_BKT_BIAS;
+                const KvTqCell e = s_cell[cell];
+                const bool up = __uint_as_float(e.mid) <= y;
+                c[r][j] = (unsigned int)(e.base + (up ? 1 : 0));
+                x[r][j] = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
+#else
                 // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
                 // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
                 // (or the NaN pad) compares false, as in the linear count.
-                const float y = x[r][j];
                 int idx = 0;
 #pragma unroll
                 for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
                     if (s_mid[idx + step - 1] <= y) idx += step;
                 c[r][j] = (unsigned int)idx;
                 x[r][j] = s_cent[idx];
+#endif
             }
         }
+#if TQ_BKT
+        const float cn = __fsqrt_rn(kv_vlane_sum<R, TQ_E>(x));  // x holds the squares
+#else
         const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+#endif
         kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
         if (active && p == 0) {
             float ratio = 0.0f;
@@ -317,14 +320,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
 
     // ---- V ----
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-        if (active) {
-            kv_load_inputs<KV_IN_DTYPE, TQ_E>(v, src + (p + L * r) * TQ_E, x[r]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
-        }
-    }
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(vw[r], x[r]);
     // lo / hi: the spec's sequential scan keeps the first-occurring NaN-ignoring extreme. Its
     // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
     // can differ, in its sign: then it is the first zero element of the row (every element
@@ -360,28 +356,31 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
     float scale = __fdiv_rn(__fsub_rn(vhi, vlo), top);
     if (!(scale >= TQ_V_SCALE_FLOOR)) scale = TQ_V_SCALE_FLOOR;
     {
-        // (v - lo) / scale: kv_div_by with the row's reciprocal, __fdiv_rn out of its range.
+        // (v - lo) / scale: kv_div_by_unchecked with the row's reciprocal (v - lo is in
+        // [0, 15.01 scale] or NaN, and only the code is kept: see divide.cuh), __fdiv_rn when
+        // the scale is out of kv_divisor's range (row-uniform).
         const KvDivisor dv = kv_divisor(scale);
-        bool ok = dv.ok;
         float y[R][TQ_E];
+        if (dv.ok) {
 #pragma unroll
-        for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(__fsub_rn(x[r][j], vlo), dv, ok);
-        if (!ok) {
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by_unchecked(__fsub_rn(x[r][j], vlo), dv);
+        } else {
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
                 for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(__fsub_rn(x[r][j], vlo), scale);
         }
+        // q = clamp(floor(z), 0, top) with z = y + 0.5, as clamp-then-floor: fmaxf maps a NaN
+        // z to 0 (the spec's NaN -> 0), and z in [0, top] is floored by adding 2^23 rounding
+        // down (ulp 1 there, so exact), the code in the sum's low bits.
 #pragma unroll
         for (int r = 0; r < R; ++r) {
 #pragma unroll
             for (int j = 0; j < TQ_E; ++j) {
-                float q = floorf(__fadd_rn(y[r][j], 0.5f));
-                if (!(q >= 0.0f)) q = 0.0f;
-                if (q > top) q = top;
-                c[r][j] = (unsigned int)(int)q;
+                const float z = fminf(fmaxf(__fadd_rn(y[r][j], 0.5f), 0.0f), top);
+                c[r][j] = __float_as_uint(__fadd_rd(z, 8388608.0f)) & (unsigned int)TQ_V_TOP;
             }
         }
     }
@@ -390,6 +389,109 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, 1) void kvkit_write_turbo
         kv_tq_store16(dst, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
         kv_tq_store16(dst, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
         for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) dst[j] = 0;  // pad
+    }
+}
+
+#endif
+
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_write_turboquant(
+    const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
+    const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
+    const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
+    long long n_tokens,                          // N
+    int n_heads,                                 // H
+    long long capacity,                          // num_blocks * block_size
+    int block_size,                              // tokens per page
+    unsigned char* __restrict__ slots,           // (num_blocks, H, block_size, TQ_SLOT_BYTES)
+    long long s_stride_block,                    // bytes between pages
+    long long s_stride_head,                     // bytes between heads
+    long long s_stride_token,                    // bytes between tokens
+    float k_scale,                               // () FP8-key presets: per-layer K scale
+    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+#if TQ_REG
+{
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+#if !TQ_KEY_FP8 && TQ_BKT
+    // The cell table in shared memory (per-lane cells; a constant-memory lookup would
+    // serialize over distinct addresses).
+    __shared__ KvTqCell s_cell[TQ_BKT_CELLS];
+#pragma unroll
+    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
+    }
+    __syncthreads();
+#elif !TQ_KEY_FP8
+    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
+    // constant-memory lookup would serialize and a register select chain costs registers.
+    __shared__ float s_cent[TQ_NUM_CENTROIDS];
+    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
+    __shared__ float s_mid[TQ_NUM_CENTROIDS];
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
+    __syncthreads();
+#endif
+    const int lane = threadIdx.x & 31;
+    const int g = lane / L;  // this lane's row in the warp
+    const int p = lane % L;  // its lane within the row
+    const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
+    const bool in_range = row < n_tokens * n_heads;  // token * H + head
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t = 0, blk = 0, off = 0;
+    int h = 0;
+    long long slot = -1;
+    if (in_range) {
+        kv_row_token_head(row, n_heads, narrow, &t, &h);
+        slot = (long long)slot_mapping[t];
+        if (slot >= capacity) {
+            if (p == 0 && h == 0) atomicOr(error_flag, 1);
+            slot = -1;
+        }
+    }
+    const bool active = slot >= 0;  // row-uniform
+    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
+    const long long src = active ? row * KV_HEAD_DIM : 0;
+    // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
+    // per row group instead of once for K and again for V (the V words cost W registers).
+    // A lane's pieces are CHUNK bytes at multiples of CHUNK from the row's start (D * size =
+    // 32 CHUNK), so the alignment of every load is that of the base pointers: tested once,
+    // where a test per load made the lanes of one warp diverge over vector widths. ALIGN: the
+    // largest power of two dividing CHUNK, at most 16 (E = 6 at D = 192: 12 bytes, 4-aligned).
+    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
+    constexpr int CHUNK = TQ_E * (KV_IN_DTYPE == 0 ? 4 : 2);
+    constexpr int ALIGN = (CHUNK & -CHUNK) < 16 ? (CHUNK & -CHUNK) : 16;
+    static_assert(CHUNK % ALIGN == 0 && (ALIGN & (ALIGN - 1)) == 0, "a power-of-two alignment of every piece");
+    const bool aligned =
+        ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
+    unsigned int kw[R][W], vw[R][W];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const long long i = src + (p + L * r) * TQ_E;
+        if (active && aligned) {
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
+        } else if (active) {
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, i, kw[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, i, vw[r]);
+        } else {
+#pragma unroll
+            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
+        }
+    }
+
+    // Slot stores are 16-bit when the slot's address is even (always, unless a plane is a byte
+    // view at an odd offset): one warp-uniform branch to a body with the stores fixed, where
+    // a per-store test put two byte stores and a shift beside every 16-bit store.
+    if (__all_sync(KV_FULL_WARP, even)) {
+        kv_tq_rows<true>(kw, vw, dst, p, active, k_scale TQ_TABLES);
+    } else {
+        kv_tq_rows<false>(kw, vw, dst, p, active, k_scale TQ_TABLES);
     }
 }
 #else

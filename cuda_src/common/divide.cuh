@@ -56,3 +56,17 @@ __device__ __forceinline__ float kv_div_by(float a, const KvDivisor& d, bool& ok
     ok = ok && ((aq >= KV_DIV_LO && aq <= KV_DIV_HI) || a == 0.0f);
     return __fmaf_rn(-e1, d.y, q1);
 }
+
+// kv_div_by without the element condition, for callers that keep only floor(RN(a / b) + 0.5)
+// of a quotient known to be at most a few units (the TurboQuant V codes, a in [0, 15.01 b]),
+// with kv_divisor(b).ok: where the condition would fail, |q0| < 2^-40, every intermediate
+// stays below 2^-39 (absolute errors from subnormal rounding <= 2^-149 y <= 2^-109), so the
+// result and RN(a / b) both round q + 0.5 to 0.5; NaN a gives NaN either way. CPU model:
+// kvkit/formats/arch_models.py tq_value_codes.
+__device__ __forceinline__ float kv_div_by_unchecked(float a, const KvDivisor& d) {
+    const float q0 = __fmul_rn(a, d.y);
+    const float e0 = __fmaf_rn(q0, d.b, -a);
+    const float q1 = __fmaf_rn(-e0, d.y, q0);
+    const float e1 = __fmaf_rn(q1, d.b, -a);
+    return __fmaf_rn(-e1, d.y, q1);
+}

@@ -138,24 +138,27 @@ __device__ __forceinline__ float kv_input_to_float(const void* p, long long i) {
     return DT == 1 ? kv_f16_to_float(bits) : kv_bf16_to_float(bits);
 }
 
-// N consecutive write-input elements from element i into x, DT as in kv_input_to_float: the
-// widest vector loads that N and the address's alignment allow (16, 8 or 4 bytes), else one
-// load per element. The values are kv_input_to_float's either way.
+// 32-bit words holding N consecutive write-input elements of dtype code DT (one float each,
+// or two 16-bit values each, element j in the low half of word j / 2 when j is even).
 template <int DT, int N>
-__device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float (&x)[N]) {
+struct KvInputWords {
+    static constexpr int n = DT == 0 ? N : (N + 1) / 2;
+};
+
+// The raw words of N consecutive write-input elements from element i: the widest vector loads
+// that N and the address's alignment allow (16, 8 or 4 bytes), else one load per element.
+// Split from the widening (kv_widen_input_words) so a kernel can issue all of its loads before
+// it needs the values.
+template <int DT, int N>
+__device__ __forceinline__ void kv_load_input_words(const void* p, long long i, unsigned int (&w)[KvInputWords<DT, N>::n]) {
     if constexpr (DT == 0) {
         const float* s = static_cast<const float*>(p) + i;
-        unsigned int w[N];
-        if (kv_load_words_any<N>(s, w)) {
+        if (!kv_load_words_any<N>(s, w)) {
 #pragma unroll
-            for (int j = 0; j < N; ++j) x[j] = __uint_as_float(w[j]);
-        } else {
-#pragma unroll
-            for (int j = 0; j < N; ++j) x[j] = s[j];
+            for (int j = 0; j < N; ++j) w[j] = __float_as_uint(s[j]);
         }
     } else {
         const unsigned short* s = static_cast<const unsigned short*>(p) + i;
-        unsigned int w[(N + 1) / 2];  // element j in the low (j even) or high half of w[j / 2]
         bool loaded = false;
         if constexpr (N % 2 == 0) loaded = kv_load_words_any<N / 2>(s, w);
         if (!loaded) {
@@ -165,6 +168,26 @@ __device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float
                 w[j / 2] = (j % 2) ? (w[j / 2] | (b << 16)) : b;
             }
         }
+    }
+}
+
+// kv_load_input_words where the caller knows element i's address is ALIGN-byte aligned
+// (ALIGN a power of two <= 16 dividing the N elements' size): no run-time alignment test.
+template <int DT, int N, int ALIGN>
+__device__ __forceinline__ void kv_load_input_words_aligned(const void* p, long long i,
+                                                            unsigned int (&w)[KvInputWords<DT, N>::n]) {
+    static_assert(DT == 0 || N % 2 == 0, "16-bit inputs: whole words");
+    const unsigned char* a = static_cast<const unsigned char*>(p) + i * (DT == 0 ? 4 : 2);
+    kv_load_words<KvInputWords<DT, N>::n, ALIGN>(a, w);
+}
+
+// The values of kv_load_input_words' words: kv_input_to_float's, element for element.
+template <int DT, int N>
+__device__ __forceinline__ void kv_widen_input_words(const unsigned int (&w)[KvInputWords<DT, N>::n], float (&x)[N]) {
+    if constexpr (DT == 0) {
+#pragma unroll
+        for (int j = 0; j < N; ++j) x[j] = __uint_as_float(w[j]);
+    } else {
 #if KVKIT_HW_F16
         if constexpr (DT == 1) {
             // A NaN half is (h & 0x7FFF) > 0x7C00, i.e. (h & 0x7FFF) + 0x3FF sets bit 15 (no
@@ -192,3 +215,11 @@ __device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float
     }
 }
 
+// N consecutive write-input elements from element i into x, DT as in kv_input_to_float (the
+// loads of kv_load_input_words, the values of kv_input_to_float).
+template <int DT, int N>
+__device__ __forceinline__ void kv_load_inputs(const void* p, long long i, float (&x)[N]) {
+    unsigned int w[KvInputWords<DT, N>::n];
+    kv_load_input_words<DT, N>(p, i, w);
+    kv_widen_input_words<DT, N>(w, x);
+}

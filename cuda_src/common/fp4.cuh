@@ -57,6 +57,38 @@ __device__ __forceinline__ unsigned int kv_e2m1x2_encode(float lo, float hi) {
     return (cl | sl) | ((ch | sh) << 4);
 }
 
+// kv_e2m1_mag_sw for a magnitude m = |x| that is not NaN, in float arithmetic: with
+// P = 2^floor(log2(clamp(m, 1, 8))), RN(m + P 2^22) has ulp P / 2, so its pattern minus that of
+// P 2^22 is m / (P / 2) rounded to nearest even; plus 2 log2(P) it is the code (P = 1: the
+// halves 0..4; P = 2: 2 + {2, 3, 4}; P = 4: 4 + {2, 3, 4}; P = 8: >= 8), at most 7 (saturation,
+// +inf too). About eight instructions where the integer rounding, the 2^22 path and their
+// select took ten. CPU model: kvkit/formats/arch_models.py e2m1_software_nonan.
+__device__ __forceinline__ unsigned int kv_e2m1_mag_sw_nonan(float m) {
+    const unsigned int pb = __float_as_uint(fminf(fmaxf(m, 1.0f), 8.0f)) & 0x7F800000u;
+    const float s = __fadd_rn(m, __uint_as_float(pb + (22u << 23)));
+    return min(__float_as_uint(s) - pb - (22u << 23) + (pb >> 22) - 254u, 7u);
+}
+
+// kv_e2m1x2_encode for inputs known not to be NaN (the NVFP4 writer's blocks with a finite
+// amax and a finite reciprocal): the same bits without the two NaN tests and sign selects.
+__device__ __forceinline__ unsigned int kv_e2m1x2_encode_nonan(float lo, float hi) {
+    unsigned int ul = __float_as_uint(lo), uh = __float_as_uint(hi);
+    unsigned int al = ul & 0x7FFFFFFFu, ah = uh & 0x7FFFFFFFu;
+#if KVKIT_HW_FP4
+    unsigned int r;
+    asm("{\n\t.reg .b8 t;\n\t"
+        "cvt.rn.satfinite.e2m1x2.f32 t, %1, %2;\n\t"
+        "cvt.u32.u8 %0, t;\n\t}"
+        : "=r"(r)
+        : "f"(__uint_as_float(ah)), "f"(__uint_as_float(al)));
+    unsigned int cl = r & 0x7u, ch = (r >> 4) & 0x7u;
+#else
+    unsigned int cl = kv_e2m1_mag_sw_nonan(fabsf(lo));
+    unsigned int ch = kv_e2m1_mag_sw_nonan(fabsf(hi));
+#endif
+    return (cl | ((ul >> 28) & 0x8u)) | ((ch | ((uh >> 28) & 0x8u)) << 4);
+}
+
 __device__ __forceinline__ unsigned int kv_e2m1_encode(float x) {
 #if KVKIT_HW_FP4
     return kv_e2m1x2_encode(x, 0.0f) & 0xFu;
@@ -73,4 +105,14 @@ __device__ __forceinline__ float kv_e2m1_value(unsigned int code) {
     unsigned int twice = (0xC8643210u >> ((code & 0x7u) * 4u)) & 0xFu;
     float mag = __fmul_rn(__uint2float_rn(twice), 0.5f);  // exact
     return __uint_as_float(__float_as_uint(mag) | ((code & 0x8u) << 28));
+}
+
+// kv_e2m1_value by scaling (the NVFP4 writer's 4over6 error): the magnitude code c shifted
+// into a float32's exponent and mantissa fields, (c << 22), is 2^(e-127) (1 + m/2) with
+// e = c >> 1, or the subnormal 2^-127 for c = 1; times 2^126 (exact: subnormals kept) that
+// is E2M1's 2^(e-1) (1 + m/2), or 0.5, or 0; the sign bit rides along. CPU model:
+// kvkit/formats/arch_models.py e2m1_value_scaled.
+__device__ __forceinline__ float kv_e2m1_value_scaled(unsigned int code) {
+    const unsigned int raw = ((code & 0x7u) << 22) | ((code & 0x8u) << 28);
+    return __fmul_rn(__uint_as_float(raw), 8.507059173023461586e37f);  // 2^126
 }

@@ -65,3 +65,13 @@ __device__ __forceinline__ float kv_e4m3_decode(unsigned int b) {
     unsigned int mant = (m << (23 - lead)) & 0x7FFFFFu;
     return __uint_as_float(sign | ((unsigned int)(lead - 9 + 127) << 23) | mant);
 }
+
+// kv_e4m3_decode for a non-negative code b <= 0x7F (an NVFP4 block scale, from a magnitude):
+// the code shifted into a float32's exponent and mantissa fields is 2^(e-127) (1 + m/8), or
+// the subnormal m 2^-129 when e = 0, and the product with 2^120 (exact: the write kernels keep
+// subnormals) is e4m3's 2^(e-7) (1 + m/8), or m 2^-9. 0x7F: the same quiet NaN. CPU model
+// kvkit/formats/arch_models.py e4m3_decode_scaled.
+__device__ __forceinline__ float kv_e4m3_decode_pos(unsigned int b) {
+    const float v = __fmul_rn(__uint_as_float(b << 20), 1.329227995784915873e36f);  // 2^120
+    return b == 0x7Fu ? __uint_as_float(0x7FC00000u) : v;
+}

@@ -13,16 +13,17 @@
 
 #include "common/hadamard.cuh"
 
-// kv_warp_sum_squares for R rows: the row's sum over all of its virtual lanes, on every lane.
+// kv_warp_sum_squares for R rows, of squares already rounded (sq = RN(x * x)): the row's sum
+// over all of its virtual lanes, on every lane, in kv_warp_sum_squares' order.
 template <int R, int E>
-__device__ __forceinline__ float kv_vlane_sum_squares(const float (&x)[R][E]) {
+__device__ __forceinline__ float kv_vlane_sum(const float (&sq)[R][E]) {
     constexpr int L = 32 / R;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-        acc[r] = __fmul_rn(x[r][0], x[r][0]);
+        acc[r] = sq[r][0];
 #pragma unroll
-        for (int j = 1; j < E; ++j) acc[r] = __fadd_rn(acc[r], __fmul_rn(x[r][j], x[r][j]));
+        for (int j = 1; j < E; ++j) acc[r] = __fadd_rn(acc[r], sq[r][j]);
     }
 #pragma unroll
     for (int off = 16; off >= L; off >>= 1) {  // virtual distances 16, 8, ... >= L: registers
@@ -37,6 +38,17 @@ __device__ __forceinline__ float kv_vlane_sum_squares(const float (&x)[R][E]) {
 #pragma unroll
     for (int off = L / 2; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(KV_FULL_WARP, s, off));
     return s;
+}
+
+// kv_warp_sum_squares for R rows: the row's sum over all of its virtual lanes, on every lane.
+template <int R, int E>
+__device__ __forceinline__ float kv_vlane_sum_squares(const float (&x)[R][E]) {
+    float sq[R][E];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+        for (int j = 0; j < E; ++j) sq[r][j] = __fmul_rn(x[r][j], x[r][j]);
+    return kv_vlane_sum<R, E>(sq);
 }
 
 // kv_warp_fwht for R rows: stages h = 1, 2, ..., 32 E / 2 in increasing order.
@@ -61,13 +73,17 @@ __device__ __forceinline__ void kv_vlane_fwht(float (&x)[R][E]) {
 #pragma unroll
     for (int m = 1; m < 32; m <<= 1) {  // virtual lane distance m, h = m E
         if (m < L) {
-            const bool lower = (p & m) == 0;
+            // The lower lane computes x + other, the upper other - x: both are one fmaf with
+            // a +-1 multiplier, whose product is exact, so the single rounding is that of the
+            // sum (signed zeros and NaN included). A select between an add and a subtract costs
+            // two predicated adds per element.
+            const float sgn = (p & m) == 0 ? 1.0f : -1.0f;
 #pragma unroll
             for (int r = 0; r < R; ++r) {
 #pragma unroll
                 for (int j = 0; j < E; ++j) {
                     const float other = __shfl_xor_sync(KV_FULL_WARP, x[r][j], m);
-                    x[r][j] = lower ? __fadd_rn(x[r][j], other) : __fsub_rn(other, x[r][j]);
+                    x[r][j] = __fmaf_rn(x[r][j], sgn, other);
                 }
             }
         } else {

@@ -326,9 +326,9 @@ def representative_builds() -> list[tuple[str, str, dict[str, str]]]:
                 defines = dict(formats.get(name, 128).cuda_defines())
                 defines.update(KV_IN_DTYPE="1", KV_SLOT_T="long long")
                 if kind == "write" and family == "turboquant":
-                    from .write import tq_rows_per_warp
+                    from .write import tq_launch_defines
 
-                    defines["TQ_RPW"] = str(tq_rows_per_warp(128))
+                    defines.update(tq_launch_defines(formats.get(name, 128), "1"))
                 builds.append((entry, name, defines))
     if (root / "decode_merge.cu").is_file():
         builds.append(("decode_merge.cu", "merge", {"KV_HEAD_DIM": "128"}))

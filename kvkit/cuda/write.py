@@ -12,8 +12,9 @@ fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8
                           (write_dense.cu)          256 threads per CTA
 nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
                           (write_nvfp4.cu)          128 threads per CTA
-turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
-                          (write_turboquant.cu)     512), 4 warps per CTA
+turboquant_*              ``kvkit_write_turboquant``  8 (token, head) rows per warp (16-bit
+                          (write_turboquant.cu)     inputs, D <= 128), else 4 (2 at D = 512),
+                                                    4 warps per CTA
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
@@ -22,11 +23,14 @@ uint16) + ``KV_SLOT_T`` (``int`` / ``long long`` from the slot dtype).
 
 from __future__ import annotations
 
+from functools import cache
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..formats import DenseFormat, Format, FP8Format, NVFP4Format, TurboQuantFormat
+from ..formats.arch_models import BKT_MAGIC, BKT_MAGIC_BITS, tq_bucket_table
+from ..formats.base import cuda_float
 from .compiler import get_kernel
 from .launch import launch_and_record
 
@@ -45,11 +49,81 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
-def tq_rows_per_warp(head_dim: int) -> int:
-    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define): 4,
-    or 2 when a lane's 32-bit share of a row, ceil(D / 32) floats per spec lane, exceeds 8
-    (D = 512, FP8 keys), where 4 rows would not fit in registers."""
-    return 4 if -(-head_dim // 32) <= 8 else 2
+def _pack_group(piece_bits: int) -> int:
+    """kv_tq_group: consecutive spec lanes whose piece_bits-bit code pieces fill 16-bit units."""
+    g = 1
+    while (g * piece_bits) % 16:
+        g *= 2
+    return g
+
+
+def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
+    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define) for
+    the KV_IN_DTYPE code ``in_dtype``.
+
+    8 for 16-bit inputs at D <= 128: the kernel issues about twice the instructions a row's
+    elements need on row-uniform work (indices, norms, divisors, fp16 fields, reductions)
+    and FWHT shuffle stages, and 8 rows per warp share that work and drop a shuffle stage
+    (static count per 4 rows, turboquant_4bit_nc sm_90: 1126 at 4 rows per warp, 947 at 8),
+    at 128 registers (4 CTAs, 16 warps, 128 rows in flight per SM). Else 4, or 2 when a
+    lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D = 512, FP8 keys),
+    where 4 rows would not fit in registers. 8 needs each packing group of code pieces within
+    a row's 4 lanes (kv_tq_store_codes), which 3-bit codes at D = 64 are not."""
+    head_dim = fmt.head_dim
+    e = -(-head_dim // 32)
+    bits = [fmt.value_bits] + ([fmt.key_bits] if fmt.key_kind == "mse" else [])
+    # A/B variant (branch write-r2-rpw4): 4 rows per warp everywhere, 6 CTAs per SM at D <= 128
+    # with 16-bit inputs (80 registers, 24 warps), to compare with 8 rows per warp.
+    del bits
+    return 4 if e <= 8 else 2
+
+
+def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
+    """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
+
+    4 at 8 rows per warp (128 registers, what ptxas takes unconstrained; the bound keeps it
+    there on every target). Otherwise 1 (no cap): float32 inputs (twice the registers of V
+    words) and D = 256 (32 floats per lane and row) spill under any cap that raises
+    occupancy (seen on sm_86 and sm_120a)."""
+    return 6 if fmt.head_dim <= 128 and in_dtype != "0" else 1
+
+
+def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
+    """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
+    ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` (for the KV_IN_DTYPE code ``in_dtype``) and,
+    for MSE keys whose codebook has a cell table
+    (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
+    the kernel searches the midpoints."""
+    d = {
+        "TQ_RPW": str(tq_rows_per_warp(fmt, in_dtype)),
+        "TQ_MIN_CTAS": str(tq_min_ctas(fmt, in_dtype)),
+    }
+    d.update(_tq_bucket_defines(fmt))
+    return d
+
+
+@cache
+def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
+    """The cell-table defines of an MSE-key format (empty without a table); cached per format,
+    as the table costs host time on every write call otherwise. Callers copy, never mutate."""
+    d: dict[str, str] = {}
+    table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
+    if table is not None:
+        mid_bits = table.mid.view(np.uint32)
+        cells = ",".join(
+            f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
+            for m, b, lo, hi in zip(mid_bits, table.base, table.sq_lo, table.sq_hi)
+        )
+        d.update(
+            TQ_BKT="1",
+            TQ_BKT_CELLS=str(table.cells),
+            TQ_BKT_SCALE=cuda_float(table.scale),
+            TQ_BKT_CLAMP=cuda_float(table.clamp),
+            TQ_BKT_MAGIC=cuda_float(BKT_MAGIC),
+            TQ_BKT_BIAS=str(BKT_MAGIC_BITS - table.half),
+            TQ_BKT_TABLE="{" + cells + "}",
+        )
+    return d
 
 
 def _family(fmt: Format) -> str:
@@ -168,8 +242,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     else:
-        rows_per_warp = tq_rows_per_warp(d)
-        defines["TQ_RPW"] = str(rows_per_warp)
+        rows_per_warp = tq_rows_per_warp(fmt, code)
+        defines.update(tq_launch_defines(fmt, code))
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
         launch_and_record(

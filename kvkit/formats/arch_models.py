@@ -21,6 +21,8 @@ sm_80 / sm_89 PTX overrides.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import codecs
@@ -102,6 +104,22 @@ def e2m1_software(x: np.ndarray) -> np.ndarray:
     mag = np.where(a >= 0x3F800000, big, small)
     code = mag | ((u >> 28) & 0x8)
     return np.where(nan, 0x7, code).astype(np.uint8)
+
+
+def e2m1_software_nonan(x: np.ndarray) -> np.ndarray:
+    """kv_e2m1x2_encode_nonan's software path (kv_e2m1_mag_sw_nonan) for x that is not NaN:
+    P = 2^floor(log2(clamp(|x|, 1, 8))); code = pattern(RN(|x| + P 2^22)) - pattern(P 2^22)
+    + 2 log2(P), at most 7; the sign bit of x. (NaN inputs never reach it: 0x7 here.)"""
+    u = _bits(x)
+    a = u & 0x7FFFFFFF
+    with np.errstate(all="ignore"):
+        m = a.astype(np.uint32).view(np.float32)
+        pb = _bits(np.minimum(np.maximum(m, np.float32(1)), np.float32(8))) & 0x7F800000
+        magic = (pb + (22 << 23)).astype(np.uint32).view(np.float32)
+        s = _bits((m + magic).astype(np.float32))
+    mag = np.minimum(s - pb - (22 << 23) + (pb >> 22) - 254, 7)
+    code = mag | ((u >> 28) & 0x8)
+    return np.where(a > 0x7F800000, 0x7, code).astype(np.uint8)
 
 
 def f16_software(x: np.ndarray, saturate: bool = False) -> np.ndarray:
@@ -251,3 +269,141 @@ def div_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     with np.errstate(all="ignore"):
         exact = np.asarray(a, np.float32) / np.asarray(b, np.float32)
     return np.where(ok, q, exact)
+
+
+def tq_value_codes(v: np.ndarray, bits: int, floor_scale: float) -> np.ndarray:
+    """The TurboQuant V codes of rows v (..., D) float32 as the D % 64 == 0 write kernel
+    computes them: per row lo / hi / scale as the spec; where the row's scale is in
+    kv_divisor's range, q = the fast quotient of (v - lo) / scale with NO per-element range
+    check (kv_div_by_unchecked: only floor(q + 0.5) is kept, and where the check would fail,
+    |q0| < 2**-40, both quotients round q + 0.5 to 0.5); elsewhere IEEE division. Then
+    z = RN(q + 0.5) clamped to [0, top] NaN-ignoring (a NaN gives 0), and floor(z) by one add
+    of 2**23 rounding down (exact: z < 2**23)."""
+    v = np.asarray(v, np.float32)
+    top = np.float32((1 << bits) - 1)
+    with np.errstate(all="ignore"):
+        lo = np.fmin.reduce(v, axis=-1)
+        hi = np.fmax.reduce(v, axis=-1)
+        scale = (hi - lo) / top
+        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
+        scale = scale.astype(np.float32)
+        a = (v - lo[..., None]).astype(np.float32)
+        b = np.broadcast_to(scale[..., None], a.shape)
+        fast, _ = div_by_reciprocal(a, b)
+        row_ok = (b >= DIV_LO) & (b <= DIV_HI)
+        q = np.where(row_ok, fast, a / b).astype(np.float32)
+        z = (q + np.float32(0.5)).astype(np.float32)
+        z = np.fmin(np.fmax(z, np.float32(0)), top)  # fmaxf / fminf: NaN -> 0
+        return np.floor(z).astype(np.int64)
+
+
+# --- decoding by scaling a shifted code (cuda_src/common/fp8.cuh, fp4.cuh) --------------------
+
+
+def e4m3_decode_scaled(code: np.ndarray) -> np.ndarray:
+    """kv_e4m3_decode_pos: float32 bits (code << 20) times 2**120 (subnormals kept), and the
+    quiet NaN for 0x7F; codes 0..0x7F."""
+    code = np.asarray(code, np.uint32)
+    v = (code << np.uint32(20)).view(np.float32) * np.float32(2.0**120)
+    return np.where(code == 0x7F, np.uint32(0x7FC00000).view(np.float32), v).astype(np.float32)
+
+
+def e2m1_value_scaled(code: np.ndarray) -> np.ndarray:
+    """kv_e2m1_value_scaled: float32 bits ((code & 7) << 22 | sign) times 2**126."""
+    code = np.asarray(code, np.uint32)
+    raw = ((code & np.uint32(7)) << np.uint32(22)) | ((code & np.uint32(8)) << np.uint32(28))
+    return (raw.view(np.float32) * np.float32(2.0**126)).astype(np.float32)
+
+
+# --- TurboQuant key bucketing by a cell table (cuda_src/write_turboquant.cu, TQ_BKT) ---------
+
+#: 1.5 * 2**23: fmaf(yc, scale, BKT_MAGIC) has ulp 1 while |yc * scale| < 2**22, so its bit
+#: pattern minus BKT_MAGIC's is yc * scale rounded to the nearest integer, ties to even.
+BKT_MAGIC = np.float32(12582912.0)
+BKT_MAGIC_BITS = 0x4B400000
+#: Largest table the write kernel stages in shared memory (16 bytes a cell, 4 KB).
+BKT_MAX_CELLS = 256
+
+
+class BucketTable:
+    """The cell table of the write kernel's key bucketing (``tq_bucket_table``).
+
+    cell(y) = rint(clamp(y, -clamp, clamp) * scale) + half, rint ties to even (one fmaf with
+    BKT_MAGIC on the GPU; scale and clamp are powers of two, so the product is exact), a
+    non-decreasing function of y; a NaN y takes cell 0 (fmaxf(NaN, -clamp) = -clamp). Cell k
+    holds: base[k], the number of midpoints whose cell is below k; mid[k], the one midpoint
+    whose cell is k (NaN if none; the table exists only when no cell has two); cent_lo[k] =
+    c[base[k]] and cent_hi[k] = c[base[k] + 1] (or c[base[k]] when mid[k] is NaN). The kernel's
+    table holds their float32 squares (sq_lo, sq_hi): the centroids enter only the norm
+    correction's sum of squares, whose products are these same roundings.
+
+    Then #{midpoints <= y} = base[cell(y)] + (mid[cell(y)] <= y) for every float32 y: a
+    midpoint m with cell(m) < cell(y) is < y (m >= y would give cell(m) >= cell(y)), one with
+    cell(m) > cell(y) is > y, and at most one shares y's cell, compared explicitly (the spec's
+    own comparison, so ties go up and NaN counts nothing: base[0] = 0).
+    """
+
+    def __init__(self, scale, clamp, base, mid, cent_lo, cent_hi):
+        self.scale = np.float32(scale)
+        self.clamp = np.float32(clamp)
+        self.half = int(round(float(clamp) * float(scale)))
+        self.base = np.asarray(base, np.int32)
+        self.mid = np.asarray(mid, np.float32)
+        self.cent_lo = np.asarray(cent_lo, np.float32)
+        self.cent_hi = np.asarray(cent_hi, np.float32)
+
+    @property
+    def cells(self) -> int:
+        return len(self.base)
+
+    def cell(self, y: np.ndarray) -> np.ndarray:
+        """The kernel's cell index of float32 y (int64)."""
+        y = np.asarray(y, np.float32)
+        yc = np.minimum(np.maximum(y, -self.clamp), self.clamp)  # NaN-propagating ...
+        yc = np.where(np.isnan(y), -self.clamp, yc)  # ... so NaN -> -clamp as fmaxf does
+        # yc * scale is exact (a power of two, far from over/underflow); np.rint is ties-to-even
+        r = np.rint(yc.astype(np.float64) * float(self.scale))
+        return r.astype(np.int64) + self.half
+
+    @property
+    def sq_lo(self) -> np.ndarray:
+        return (self.cent_lo * self.cent_lo).astype(np.float32)
+
+    @property
+    def sq_hi(self) -> np.ndarray:
+        return (self.cent_hi * self.cent_hi).astype(np.float32)
+
+    def index(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(bucket index, its centroid) as the kernel computes them."""
+        y = np.asarray(y, np.float32)
+        k = self.cell(y)
+        with np.errstate(invalid="ignore"):
+            up = self.mid[k] <= y
+        idx = self.base[k] + up.astype(np.int32)
+        return idx, np.where(up, self.cent_hi[k], self.cent_lo[k])
+
+
+def tq_bucket_table(midpoints, centroids, max_cells: int = BKT_MAX_CELLS) -> BucketTable | None:
+    """The smallest cell table (power-of-two scale) with at most one midpoint per cell, or None
+    when every such table exceeds max_cells (the kernel then searches the midpoints)."""
+    mids = np.asarray(midpoints, np.float32)
+    cents = np.asarray(centroids, np.float32)
+    if len(mids) == 0 or not np.all(np.isfinite(mids)):
+        return None
+    top = float(np.max(np.abs(mids)))
+    clamp = 2.0 ** math.ceil(math.log2(top)) if top > 0 else 1.0
+    scale = 2.0 ** math.floor(-math.log2(clamp))  # clamp * scale == 1: three cells
+    while 2 * int(clamp * scale) + 1 <= max_cells:
+        half = int(clamp * scale)
+        mids64 = np.clip(mids.astype(np.float64), -clamp, clamp)
+        cells = np.rint(mids64 * scale).astype(np.int64) + half
+        if len(np.unique(cells)) == len(cells):
+            n = 2 * half + 1
+            base = np.searchsorted(cells, np.arange(n), side="left").astype(np.int32)
+            mid = np.full(n, np.nan, np.float32)
+            mid[cells] = mids
+            lo = cents[base]
+            hi = np.where(np.isnan(mid), lo, cents[np.minimum(base + 1, len(cents) - 1)])
+            return BucketTable(scale, clamp, base, mid, lo, hi)
+        scale *= 2.0
+    return None

@@ -20,7 +20,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 from kvkit import formats  # noqa: E402
 from kvkit.cuda import compiler  # noqa: E402
 from kvkit.cuda.compiler import TARGETS, compile_entry, compile_only  # noqa: E402
-from kvkit.cuda.write import tq_rows_per_warp  # noqa: E402
+from kvkit.cuda.write import tq_launch_defines  # noqa: E402
 
 
 def _nvrtc_reason() -> str | None:
@@ -61,8 +61,8 @@ def _built(arch: str):
 def _defines(name: str, d: int = 128, in_dtype: str = "1", slot_t: str = "long long", **extra):
     defines = dict(formats.get(name, d).cuda_defines())
     defines.update(KV_IN_DTYPE=in_dtype, KV_SLOT_T=slot_t, **{k: str(v) for k, v in extra.items()})
-    if name in TQ:  # the write launcher's rows per warp (other TurboQuant entries ignore it)
-        defines["TQ_RPW"] = str(tq_rows_per_warp(d))
+    if name in TQ:  # the write launcher's defines (other TurboQuant entries ignore them)
+        defines.update(tq_launch_defines(formats.get(name, d), in_dtype))
     return defines
 
 
@@ -145,7 +145,7 @@ def _variants():
             for d in (16, 128, 512):
                 out.append((f"{kind}_{fam}.cu", name, d, "1", "long long"))
         for name in TQ:
-            dims = (16, 48, 128, 512) if name == "turboquant_k8v4" else (64, 128, 256)
+            dims = (16, 48, 128, 192, 512) if name == "turboquant_k8v4" else (64, 128, 256)
             for d in dims:
                 out.append((f"{kind}_turboquant.cu", name, d, "1", "long long"))
     for entry, name in (
@@ -219,3 +219,13 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match="compiled although"):
         compiler.module_file("write_nvfp4.cu", _defines("nvfp4", in_dtype="0"), "sm_90", False)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, ptx.name])
+
+
+def test_turboquant_write_without_a_cell_table_compiles():
+    """The binary-search bucketing (a user codebook whose midpoints no 256-cell table
+    separates: tq_launch_defines then gives no TQ_BKT) builds without spills."""
+    for name, d in (("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64)):
+        defines = {k: v for k, v in _defines(name, d).items() if not k.startswith("TQ_BKT")}
+        res = compile_entry("write_turboquant.cu", defines, "sm_90", verbose_ptxas=True)
+        spills = _SPILL_RE.findall(res.log)
+        assert spills and not any(int(s) or int(lo) for s, lo in spills), res.log

@@ -133,7 +133,7 @@ def _bits(a) -> np.ndarray:
 SPECIALS = [0.0, -0.0, np.nan, 1e-40, -1e-40, 3.0, -3.0]
 
 
-@pytest.mark.parametrize("r_count", [1, 2, 4])
+@pytest.mark.parametrize("r_count", [1, 2, 4, 8])
 @pytest.mark.parametrize("e", [1, 2, 4])
 @given(data=st.data())
 @example(data=None)  # the fixed wide-range draw below, whatever Hypothesis picks
@@ -162,7 +162,7 @@ def test_vlane_reductions_and_fwht_match_the_spec(r_count, e, data):
         assert np.array_equal(_bits(back), _bits(hadamard.fwht_array(rows[g])))
 
 
-@pytest.mark.parametrize("r_count", [1, 2, 4])
+@pytest.mark.parametrize("r_count", [1, 2, 4, 8])
 @given(e=st.sampled_from([1, 2, 4]), data=st.data())
 @example(e=1, data=None)  # -0 on lane 1, +0 on lane 2: distances 16 .. 1 would give +0
 def test_vlane_first_extreme_matches_the_sequential_scan(r_count, e, data):

@@ -34,7 +34,7 @@ from kvkit.formats import codecs
 pytestmark = pytest.mark.gpu
 
 MSE_DIMS = (64, 128, 256)
-OTHER_DIMS = (16, 32, 48, 64, 96, 128, 256, 512)
+OTHER_DIMS = (16, 32, 48, 64, 96, 128, 192, 256, 512)  # 192: E = 6, 12-byte lane pieces
 IN_DTYPES = ("float32", "float16", "bfloat16")
 SPECIAL_VALUES = np.array(
     [np.nan, -np.nan, np.inf, -np.inf, -0.0, 0.0, 1e-40, -1e-40, 3e-6, -6e-8, 60000.0, -60000.0],
@@ -374,3 +374,54 @@ def test_turboquant_rows_at_extreme_exponents(name, in_dtype):
     slots = np.arange(n, dtype=np.int32)
     write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
     assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "name,d",
+    [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64), ("turboquant_k8v4", 192),
+     ("nvfp4", 64), ("fp8_e4m3", 48)],
+)  # fmt: skip
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+def test_odd_address_planes_and_unaligned_inputs(name, d, in_dtype):
+    """Byte planes viewed at an odd address (the writers' byte-store branch) and K / V starting
+    one element past an aligned address (the run-time-alignment loads): the CPU's bytes."""
+    import cupy
+
+    heads, nb, bs, n = 3, 2, 16, 21
+    fmt = formats.get(name, d)
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=11)
+    for pname, plane in gpu.planes.items():
+        if plane.dtype != np.uint8:
+            continue
+        flat = cupy.zeros(plane.size + 1, np.uint8)
+        odd = flat[1:].reshape(plane.shape)
+        odd[...] = plane
+        assert odd.data.ptr % 2 == 1
+        gpu.planes[pname] = odd
+    rng = np.random.default_rng(12)
+    k32 = (rng.standard_normal((n, heads, d)) * 10).astype(np.float32)
+    v32 = (rng.standard_normal((n, heads, d)) * 10).astype(np.float32)
+    k32[2, 1, :5] = [np.nan, np.inf, -0.0, 1e-40, -np.inf]
+    if in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    elif in_dtype == "float16":
+        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    else:
+        k_in, v_in = k32, v32
+
+    def shifted(x):
+        buf = cupy.zeros(x.size + 1, x.dtype)
+        out = buf[1:].reshape(x.shape)
+        out[...] = cupy.asarray(x)
+        return out
+
+    slots = np.array([0, 17, 31, -1, 3, 16, 8, 5, 6, 7, 9, 10, 11, 12, 13, 14, 15, 18, 19, 20, 21],
+                     dtype=np.int64)  # fmt: skip
+    from kvkit.cuda.write import write_rows
+
+    cpu_backend.write_rows(cpu, k32, v32, slots)
+    write_rows(gpu, shifted(k_in), shifted(v_in), cupy.asarray(slots), in_dtype)
+    assert_planes_equal(cpu, gpu, context=f"{name} D={d} {in_dtype}")
