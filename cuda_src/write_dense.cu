@@ -3,10 +3,7 @@
 // Formats (defines from fmt.cuda_defines()):
 //   KV_FORMAT_DENSE, KV_DENSE_BF16=0  fp16 planes: plain RNE cast, overflow -> inf (NumPy's).
 //   KV_FORMAT_DENSE, KV_DENSE_BF16=1  bf16 planes (uint16 bits): RNE on the float32 pattern.
-//   KV_FORMAT_FP8                     E4M3 planes: byte = e4m3_satfinite(x / scale), IEEE div
-//                                     (kv_div_by with the layer's reciprocal, common/divide.cuh:
-//                                     __fdiv_rn's bits; a thread out of its range takes
-//                                     __fdiv_rn for its chunk).
+//   KV_FORMAT_FP8                     E4M3 planes: byte = e4m3_satfinite(x / scale), IEEE div.
 // Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
 //
 // Mapping: one thread per (token, head, chunk of KV_CHUNK elements), K and V together.
@@ -15,7 +12,6 @@
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
 #include "common/paged.cuh"
-#include "common/divide.cuh"
 
 #ifndef KV_HEAD_DIM
 #error "KV_HEAD_DIM must come from fmt.cuda_defines()"
@@ -41,21 +37,11 @@ typedef unsigned short kv_elem_t;
 // Encode and store one chunk at dst (vector store when aligned).
 __device__ __forceinline__ void kv_store_chunk(kv_elem_t* dst, const float (&x)[KV_CHUNK], float scale) {
 #if defined(KV_FORMAT_FP8)
-    // x / scale: one reciprocal per thread instead of a full division per element.
-    const KvDivisor dv = kv_divisor(scale);
-    bool ok = dv.ok;
-    float y[KV_CHUNK];
-#pragma unroll
-    for (int j = 0; j < KV_CHUNK; ++j) y[j] = kv_div_by(x[j], dv, ok);
-    if (!ok) {
-#pragma unroll
-        for (int j = 0; j < KV_CHUNK; ++j) y[j] = __fdiv_rn(x[j], scale);
-    }
     unsigned int w[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        unsigned int lo = kv_e4m3x2_encode(y[4 * j], y[4 * j + 1]);
-        unsigned int hi = kv_e4m3x2_encode(y[4 * j + 2], y[4 * j + 3]);
+        unsigned int lo = kv_e4m3x2_encode(__fdiv_rn(x[4 * j], scale), __fdiv_rn(x[4 * j + 1], scale));
+        unsigned int hi = kv_e4m3x2_encode(__fdiv_rn(x[4 * j + 2], scale), __fdiv_rn(x[4 * j + 3], scale));
         w[j] = lo | (hi << 16);
     }
     if ((reinterpret_cast<unsigned long long>(dst) & 7ull) == 0) {
@@ -121,16 +107,11 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_DENSE_THREADS, 1) void kvkit_wr
     }
     kv_slot_page(slot, block_size, narrow, &blk, &off);
     const long long src = row * KV_HEAD_DIM + c * KV_CHUNK;
-    // K's and V's loads both before any store: twice the bytes in flight per thread, one
-    // memory wait per thread instead of two in sequence.
-    unsigned int kw[KvInputWords<KV_IN_DTYPE, KV_CHUNK>::n], vw[KvInputWords<KV_IN_DTYPE, KV_CHUNK>::n];
-    kv_load_input_words<KV_IN_DTYPE, KV_CHUNK>(k, src, kw);
-    kv_load_input_words<KV_IN_DTYPE, KV_CHUNK>(v, src, vw);
     float x[KV_CHUNK];
-    kv_widen_input_words<KV_IN_DTYPE, KV_CHUNK>(kw, x);
+    kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(k, src, x);
     kv_store_chunk(k_plane + blk * k_stride_block + h * k_stride_head + off * k_stride_token + c * KV_CHUNK, x,
                    k_scale);
-    kv_widen_input_words<KV_IN_DTYPE, KV_CHUNK>(vw, x);
+    kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(v, src, x);
     kv_store_chunk(v_plane + blk * v_stride_block + h * v_stride_head + off * v_stride_token + c * KV_CHUNK, x,
                    v_scale);
 }

@@ -501,17 +501,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_w
     __shared__ unsigned char s_codes[TQ_WARPS * R][TQ_E * 32];
     __shared__ unsigned short s_slot16[TQ_WARPS * R][TQ_SLOT_BYTES / 2];
 #if !TQ_KEY_FP8
-    // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
-    // constant-memory lookup would serialize and a register select chain costs registers.
-    __shared__ float s_cent[TQ_NUM_CENTROIDS];
-    // The midpoints padded with a NaN to 2^b entries, for the binary search below.
-    __shared__ float s_mid[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) {
-        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
-        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
-                                                                : __uint_as_float(0x7FC00000u);
-    }
-    __syncthreads();
+#error "MSE keys need D = 32 E with E a power of two, which the register body (TQ_REG) takes"
 #endif
     const int lane = threadIdx.x & 31;
     const int g = lane / L;  // this lane's row in the warp
@@ -540,8 +530,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_w
     // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
     float x[R][TQ_E];
 
-    // ---- K ----
-#if TQ_KEY_FP8
+    // ---- K (FP8) ----
 #pragma unroll
     for (int r = 0; r < R; ++r) {
 #pragma unroll
@@ -551,57 +540,6 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_w
                 sb[i] = (unsigned char)kv_e4m3_encode(__fdiv_rn(kv_input_to_float<KV_IN_DTYPE>(k, src + i), k_scale));
         }
     }
-#else
-    {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            if (active) {
-                kv_load_inputs<KV_IN_DTYPE, TQ_E>(k, src + (p + L * r) * TQ_E, x[r]);  // D = 32 E
-            } else {
-#pragma unroll
-                for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
-            }
-        }
-        const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const int i0 = (p + L * r) * TQ_E;
-            const unsigned int sbits = kTqSignMask.w[i0 >> 5] >> (i0 & 31);
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) x[r][j] = __fmul_rn(x[r][j], ((sbits >> j) & 1u) ? -1.0f : 1.0f);
-        }
-        kv_vlane_fwht<R, TQ_E>(x);
-        const float den = __fmul_rn(TQ_SQRT_D, n);
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) {
-                float y = 0.0f;
-                if (den != 0.0f) y = __fdiv_rn(x[r][j], den);
-                // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
-                // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
-                // (or the NaN pad) compares false, as in the linear count.
-                int idx = 0;
-#pragma unroll
-                for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
-                    if (s_mid[idx + step - 1] <= y) idx += step;
-                sc[(p + L * r) * TQ_E + j] = (unsigned char)idx;
-                x[r][j] = s_cent[idx];
-            }
-        }
-        const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
-        float ratio = 0.0f;
-        if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
-        __syncwarp();
-        for (int j = p; j < TQ_KEY_INDEX_BYTES; j += L) sb[j] = (unsigned char)kv_pack_byte<TQ_KEY_BITS>(sc, j, KV_HEAD_DIM);
-        if (p == 0) {
-            unsigned int bits = kv_f16_bits_sat(ratio);
-            sb[TQ_KEY_NORM_OFFSET] = (unsigned char)(bits & 0xFFu);
-            sb[TQ_KEY_NORM_OFFSET + 1] = (unsigned char)(bits >> 8);
-        }
-        __syncwarp();  // every lane has packed its key bytes before sc is reused for V
-    }
-#endif
 
     // ---- V ----
     {

@@ -12,9 +12,8 @@ fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8
                           (write_dense.cu)          256 threads per CTA
 nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
                           (write_nvfp4.cu)          128 threads per CTA
-turboquant_*              ``kvkit_write_turboquant``  8 (token, head) rows per warp (16-bit
-                          (write_turboquant.cu)     inputs, D <= 128), else 4 (2 at D = 512),
-                                                    4 warps per CTA
+turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
+                          (write_turboquant.cu)     512), 4 warps per CTA
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
@@ -49,42 +48,31 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
-def _pack_group(piece_bits: int) -> int:
-    """kv_tq_group: consecutive spec lanes whose piece_bits-bit code pieces fill 16-bit units."""
-    g = 1
-    while (g * piece_bits) % 16:
-        g *= 2
-    return g
-
-
 def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
     """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define) for
-    the KV_IN_DTYPE code ``in_dtype``.
+    the KV_IN_DTYPE code ``in_dtype`` (the choice does not depend on it today).
 
-    8 for 16-bit inputs at D <= 128: the kernel issues about twice the instructions a row's
-    elements need on row-uniform work (indices, norms, divisors, fp16 fields, reductions)
-    and FWHT shuffle stages, and 8 rows per warp share that work and drop a shuffle stage
-    (static count per 4 rows, turboquant_4bit_nc sm_90: 1126 at 4 rows per warp, 947 at 8),
-    at 128 registers (4 CTAs, 16 warps, 128 rows in flight per SM). Else 4, or 2 when a
-    lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D = 512, FP8 keys),
-    where 4 rows would not fit in registers. 8 needs each packing group of code pieces within
-    a row's 4 lanes (kv_tq_store_codes), which 3-bit codes at D = 64 are not."""
-    head_dim = fmt.head_dim
-    e = -(-head_dim // 32)
-    bits = [fmt.value_bits] + ([fmt.key_bits] if fmt.key_kind == "mse" else [])
-    # A/B variant (branch write-r2-rpw4): 4 rows per warp everywhere, 6 CTAs per SM at D <= 128
-    # with 16-bit inputs (80 registers, 24 warps), to compare with 8 rows per warp.
-    del bits
+    4, or 2 when a lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D =
+    512, FP8 keys), where 4 rows would not fit in registers. The kernel also builds with 8
+    (row-uniform work and one FWHT shuffle stage shared by 8 rows: 947 instead of 1126 static
+    warp instructions per 4 rows, turboquant_4bit_nc at sm_90), but at the 128 registers that
+    needs (16 warps per SM) it measured slower on the H200 than 4 rows at 80 registers with 6
+    CTAs per SM (24 warps): 2.55 vs 1.88 ms for 4M token-heads of 4bit_nc (BENCHMARKS.md,
+    session 8): the write waits on latency at that occupancy. (8 also needs every packing
+    group of code pieces within a row's 4 lanes, kv_tq_store_codes: not 3-bit codes at
+    D = 64.)"""
+    del in_dtype
+    e = -(-fmt.head_dim // 32)
     return 4 if e <= 8 else 2
 
 
 def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
     """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
 
-    4 at 8 rows per warp (128 registers, what ptxas takes unconstrained; the bound keeps it
-    there on every target). Otherwise 1 (no cap): float32 inputs (twice the registers of V
-    words) and D = 256 (32 floats per lane and row) spill under any cap that raises
-    occupancy (seen on sm_86 and sm_120a)."""
+    6 for 16-bit inputs at D <= 128 (80 registers, 24 warps per SM: the measured best, see
+    tq_rows_per_warp). Otherwise 1 (no cap): float32 inputs (twice the registers of V words)
+    and D = 256 (32 floats per lane and row) spill under any cap that raises occupancy (seen
+    on sm_86 and sm_120a)."""
     return 6 if fmt.head_dim <= 128 and in_dtype != "0" else 1
 
 
