@@ -51,14 +51,15 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
-// __launch_bounds__(.., TQ_MIN_CTAS), a launch define (kvkit/cuda/write.py tq_min_ctas): 4 at
-// 8 rows per warp (128 registers), else 1, since a larger minimum made ptxas cap registers
-// and spill on some targets (sm_86, sm_120a).
+// __launch_bounds__(.., TQ_MIN_CTAS), a launch define (kvkit/cuda/write.py tq_min_ctas): 6 for
+// 16-bit inputs at D <= 128 (80 registers, 24 warps per SM: the write waits on memory
+// latency, and more warps beat fewer instructions), else 1, since a larger minimum made
+// ptxas cap registers and spill on some targets (sm_86, sm_120a).
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
-// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp: 8 for
-// 16-bit inputs at D <= 128, where the row-uniform work per row halves; else 4, or 2 at
-// D = 512 to keep the 2 x 16 x R input floats per lane in registers); shared memory of the
-// second body 4 * R * (D + slot bytes) <= 20 KB.
+// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp): 4, or 2
+// at D = 512 to keep the 2 x 16 x R input floats per lane in registers. 8 also builds (the
+// row-uniform work per row halves) but needs 128 registers and measured slower on the H200.
+// Shared memory of the second body 4 * R * (D + slot bytes) <= 20 KB.
 #define TQ_WARPS 4
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
