@@ -22,6 +22,7 @@ uint16) + ``KV_SLOT_T`` (``int`` / ``long long`` from the slot dtype).
 
 from __future__ import annotations
 
+import os
 from functools import cache
 from typing import TYPE_CHECKING
 
@@ -60,10 +61,12 @@ def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
     CTAs per SM (24 warps): 2.55 vs 1.88 ms for 4M token-heads of 4bit_nc (BENCHMARKS.md,
     session 8): the write waits on latency at that occupancy. (8 also needs every packing
     group of code pieces within a row's 4 lanes, kv_tq_store_codes: not 3-bit codes at
-    D = 64.)"""
+    D = 64.) ``KVKIT_WRITE_TQ_RPW`` (1, 2 or 4) lowers the count for tuning sweeps."""
     del in_dtype
     e = -(-fmt.head_dim // 32)
-    return 4 if e <= 8 else 2
+    rows = 4 if e <= 8 else 2
+    override = _env_int("KVKIT_WRITE_TQ_RPW", (1, 2, 4))
+    return rows if override is None else min(rows, override)
 
 
 def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
@@ -72,8 +75,23 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
     6 for 16-bit inputs at D <= 128 (80 registers, 24 warps per SM: the measured best, see
     tq_rows_per_warp). Otherwise 1 (no cap): float32 inputs (twice the registers of V words)
     and D = 256 (32 floats per lane and row) spill under any cap that raises occupancy (seen
-    on sm_86 and sm_120a)."""
+    on sm_86 and sm_120a). ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) overrides it for tuning
+    sweeps (ptxas caps the registers to fit; check the build for spills)."""
+    override = _env_int("KVKIT_WRITE_TQ_MIN_CTAS", range(1, 33))
+    if override is not None:
+        return override
     return 6 if fmt.head_dim <= 128 and in_dtype != "0" else 1
+
+
+def _env_int(name: str, allowed) -> int | None:
+    """A tuning override from the environment (sweeps on a GPU, like KVKIT_DECODE_STAGE_KB):
+    None when unset; a ValueError names the allowed values otherwise."""
+    text = os.environ.get(name, "")
+    if not text:
+        return None
+    if not text.isdigit() or int(text) not in allowed:
+        raise ValueError(f"{name}={text!r}: want one of {list(allowed)}")
+    return int(text)
 
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:

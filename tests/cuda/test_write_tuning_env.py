@@ -1,0 +1,49 @@
+"""kvkit.cuda.write: the TurboQuant write's launch choices and their tuning overrides (host
+side only; no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvkit import formats
+from kvkit.cuda.write import tq_launch_defines, tq_min_ctas, tq_rows_per_warp
+
+
+@pytest.fixture(autouse=True)
+def _no_overrides(monkeypatch):
+    monkeypatch.delenv("KVKIT_WRITE_TQ_RPW", raising=False)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_MIN_CTAS", raising=False)
+
+
+def test_defaults_follow_head_dim_and_input_dtype():
+    fmt = formats.get("turboquant_4bit_nc", 128)
+    assert tq_rows_per_warp(fmt, "1") == 4
+    assert tq_min_ctas(fmt, "1") == 6
+    assert tq_min_ctas(fmt, "0") == 1  # float32 inputs: no register cap
+    assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == 1
+    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512), "1") == 2
+    defines = tq_launch_defines(fmt, "1")
+    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("4", "6")
+
+
+def test_overrides_reach_the_launch_defines(monkeypatch):
+    monkeypatch.setenv("KVKIT_WRITE_TQ_RPW", "2")
+    monkeypatch.setenv("KVKIT_WRITE_TQ_MIN_CTAS", "10")
+    fmt = formats.get("turboquant_3bit_nc", 128)
+    defines = tq_launch_defines(fmt, "1")
+    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("2", "10")
+    # An override never raises the row count above what the registers allow.
+    monkeypatch.setenv("KVKIT_WRITE_TQ_RPW", "4")
+    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512), "1") == 2
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1")],
+)  # fmt: skip
+def test_bad_overrides_raise(monkeypatch, name, value):
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=name):
+        tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
