@@ -1,10 +1,11 @@
 """Side-by-side decode times of several bench runs (A/B of kernel variants in one device call).
 
-    python scripts/ab_compare.py NAME=DIR/bench.json NAME=DIR/bench.json ...
+    python scripts/ab_compare.py [--write] NAME=DIR/bench.json NAME=DIR/bench.json ...
 
-Prints, per format and shape, the graph-replay ms of each run and the ratio of each run to
-the first. Rows missing from a run print as "-". Runs are compared only within one device
-call (scripts/ab_bench.sh), where they share the GPU, clocks and inputs' sizes.
+Prints, per format and shape, the graph-replay decode ms of each run (with --write: the
+write ms) and the ratio of each run to the first. Rows missing from a run print as "-". Runs
+are compared only within one device call (scripts/ab_bench.sh), where they share the GPU,
+clocks and inputs' sizes.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 from kvkit.bench import shape_label
 
 
-def load(spec: str) -> tuple[str, dict]:
+def load(spec: str, op: str = "decode") -> tuple[str, dict]:
     name, _, path = spec.partition("=")
     if not path:
         raise SystemExit(f"want NAME=PATH, got {spec!r}")
     rows = json.loads(Path(path).read_text())
     table = {}
     for r in rows:
-        if r["op"] == "decode" and r["graph"]:
+        # Decode rows: the graph replays; write rows are timed as plain calls.
+        if r["op"] == op and (r["graph"] or op == "write"):
             table[(r["format"], r["B"], r["T"], r["Hq"], r["Hkv"], r["D"])] = r["kvkit_ms"]
     return name, table
 
@@ -47,10 +49,13 @@ def compare(runs: list[tuple[str, dict]]) -> str:
 
 
 def main(argv: list[str]) -> int:
+    op = "decode"
+    if argv and argv[0] == "--write":
+        op, argv = "write", argv[1:]
     if len(argv) < 2:
         print(__doc__)
         return 2
-    print(compare([load(a) for a in argv]))
+    print(compare([load(a, op) for a in argv]))
     return 0
 
 
