@@ -91,6 +91,19 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA 1
 #define KV_MMA_VCODES 1
 #define KV_MMA_VF 1.0f
+// N words of staged bytes starting at any byte p: aligned words from the 4-byte boundary
+// below, funnel-shifted down (N + 1 word loads; the caller says why the word past the run and
+// the bytes before p are readable).
+template <int N>
+__device__ __forceinline__ void kv_tq_load_words(const unsigned char* p, unsigned* raw) {
+    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
+    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
+}
 #if TQ_KEY_FP8
 #define KV_MMA_KF KV_E4M3_F16_FACTOR
 // Keys in registers (decode_mma.cuh KV_MMA_K_REGS): lane c's run is key bytes KPL c ..
@@ -153,14 +166,7 @@ __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
 // row of a stage is 16-byte aligned).
 __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
                                              unsigned* raw) {
-    const unsigned char* p = rows[0] + KV_TQ_RUN_BYTES * c;
-    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
-    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
-    unsigned w[KV_TQ_RUN_WORDS + 1];
-#pragma unroll
-    for (int i = 0; i <= KV_TQ_RUN_WORDS; ++i) w[i] = q[i];
-#pragma unroll
-    for (int i = 0; i < KV_TQ_RUN_WORDS; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
+    kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 }
 // Byte offset in the table of run code E for this lane: code * 256 + 4 lane.
 __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, unsigned lb) {
@@ -209,14 +215,7 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     // 4 bytes where 2-byte loads would take two). The word past the run stays in the slot
     // (the value scale and zero follow the codes).
     static_assert(VB % 32 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
-    const unsigned char* p = rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g;
-    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
-    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
-    unsigned w[KV_MMA_VRAW + 1];
-#pragma unroll
-    for (int i = 0; i <= KV_MMA_VRAW; ++i) w[i] = q[i];
-#pragma unroll
-    for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], 8 * a);
+    kv_tq_load_words<KV_MMA_VRAW>(rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g, raw);
 #else
     static_assert(VB <= 64, "one lane's codes fit 64 bits");
     const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
