@@ -49,9 +49,8 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
-def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
-    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define) for
-    the KV_IN_DTYPE code ``in_dtype`` (the choice does not depend on it today).
+def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
+    """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define).
 
     4, or 2 when a lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D =
     512, FP8 keys), where 4 rows would not fit in registers. The kernel also builds with 8
@@ -62,7 +61,6 @@ def tq_rows_per_warp(fmt: TurboQuantFormat, in_dtype: str = "1") -> int:
     session 8): the write waits on latency at that occupancy. (8 also needs every packing
     group of code pieces within a row's 4 lanes, kv_tq_store_codes: not 3-bit codes at
     D = 64.) ``KVKIT_WRITE_TQ_RPW`` (1, 2 or 4) lowers the count for tuning sweeps."""
-    del in_dtype
     e = -(-fmt.head_dim // 32)
     rows = 4 if e <= 8 else 2
     override = _env_int("KVKIT_WRITE_TQ_RPW", (1, 2, 4))
@@ -101,7 +99,7 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
     the kernel searches the midpoints."""
     d = {
-        "TQ_RPW": str(tq_rows_per_warp(fmt, in_dtype)),
+        "TQ_RPW": str(tq_rows_per_warp(fmt)),
         "TQ_MIN_CTAS": str(tq_min_ctas(fmt, in_dtype)),
     }
     d.update(_tq_bucket_defines(fmt))
@@ -248,8 +246,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     else:
-        rows_per_warp = tq_rows_per_warp(fmt, code)
         defines.update(tq_launch_defines(fmt, code))
+        rows_per_warp = int(defines["TQ_RPW"])
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
         launch_and_record(

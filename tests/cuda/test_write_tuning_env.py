@@ -17,11 +17,11 @@ def _no_overrides(monkeypatch):
 
 def test_defaults_follow_head_dim_and_input_dtype():
     fmt = formats.get("turboquant_4bit_nc", 128)
-    assert tq_rows_per_warp(fmt, "1") == 4
+    assert tq_rows_per_warp(fmt) == 4
     assert tq_min_ctas(fmt, "1") == 6
     assert tq_min_ctas(fmt, "0") == 1  # float32 inputs: no register cap
     assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == 1
-    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512), "1") == 2
+    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
     defines = tq_launch_defines(fmt, "1")
     assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("4", "6")
 
@@ -34,7 +34,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("2", "10")
     # An override never raises the row count above what the registers allow.
     monkeypatch.setenv("KVKIT_WRITE_TQ_RPW", "4")
-    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512), "1") == 2
+    assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
 
 
 @pytest.mark.parametrize(
