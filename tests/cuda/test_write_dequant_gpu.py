@@ -377,6 +377,37 @@ def test_turboquant_rows_at_extreme_exponents(name, in_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", ["float32", "float16"])
+@pytest.mark.parametrize(
+    "scale",
+    [2.0**-149, 2.0**-126, 2.0**-45, 2.0**-40, 0.3712 * 2.0**-40, 2.0**-39 * 1.7, 0.3712, 1.0,
+     7.25, 2.0**39 * 1.3, 2.0**40, 2.0**40 * 1.0000001, 2.0**90, 3.0e38],
+)  # fmt: skip
+def test_fp8_scales_at_extreme_exponents(scale, in_dtype):
+    """fp8_e4m3 writes divide by the layer scale through its reciprocal where divide.cuh's
+    range conditions hold and by __fdiv_rn elsewhere: scales on both sides of the [2^-40, 2^40]
+    edges (and denormal / near-overflow ones) against rows whose quotients also cross them
+    must give the CPU's bytes (IEEE division)."""
+    d = 64
+    fmt = formats.get("fp8_e4m3", d)
+    rng = np.random.default_rng(11)
+    rows = [rng.standard_normal(d) * 2.0**e for e in (-149, -130, -100, -41, -20, 0, 20, 60, 120)]
+    edge = rng.standard_normal(d)
+    edge[:8] = [0.0, -0.0, 2.0**-149, -(2.0**-126), 448.0, 464.0, 3.0e38, -3.0e38]
+    rows.append(edge)
+    x = np.clip(np.array(rows), -3.0e38, 3.0e38).astype(np.float32)
+    if in_dtype == "float16":
+        with np.errstate(over="ignore", under="ignore"):
+            x = x.astype(np.float16).astype(np.float32)
+    k, v = x[:, None, :], x[::-1, None, :]
+    k_in, v_in = (k, v) if in_dtype == "float32" else (k.astype(np.float16), v.astype(np.float16))
+    cpu, gpu = make_layers(fmt, 1, 1, 16, seed=5, scales=(scale, scale))
+    slots = np.arange(k.shape[0], dtype=np.int32)
+    write_both(cpu, gpu, k, v, k_in, v_in, slots, in_dtype)
+    assert_planes_equal(cpu, gpu, context=f"fp8 scale {scale!r} {in_dtype}")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     "name,d",
     [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64), ("turboquant_k8v4", 192),
