@@ -11,7 +11,7 @@
 //   of a zero lo matches too); scale = max((hi - lo) / (2^b - 1), floor);
 //   q_i = clamp(floor((v_i - lo) / scale + 0.5), 0, 2^b - 1); fp16_sat(scale), fp16_sat(lo).
 // Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, and from
-// kvkit/cuda/write.py tq_launch_defines: TQ_RPW, TQ_MIN_CTAS, TQ_BKT and its table.
+// kvkit/cuda/write.py tq_launch_defines: TQ_RPW, TQ_MIN_CTAS(_SM90), TQ_BKT and its table.
 //
 // Mapping: TQ_RPW rows (token, head) per warp, L = 32 / TQ_RPW lanes per row. The spec's
 // reduction layout is 32 lanes per row, lane v holding elements [v E, v E + E), E = ceil(D/32)
@@ -51,21 +51,29 @@
 #error "TurboQuant slots are padded to an even size"
 #endif
 
-// __launch_bounds__(.., TQ_MIN_CTAS), a launch define (kvkit/cuda/write.py tq_min_ctas): 6 for
-// 16-bit inputs at D <= 128 (80 registers, 24 warps per SM: the write waits on memory
-// latency, and more warps beat fewer instructions), else 1, since a larger minimum made
-// ptxas cap registers and spill on some targets (sm_86, sm_120a).
+// __launch_bounds__(.., TQ_CTAS): launch defines from kvkit/cuda/write.py tq_min_ctas,
+// TQ_MIN_CTAS_SM90 on sm_90 (the H200-measured best: 8 for MSE keys, 16 for FP8 keys with fp16
+// inputs) and TQ_MIN_CTAS elsewhere (6 / 8: the largest caps that spill on no target), for
+// 16-bit inputs at D <= 128: the write waits on memory latency, and more rows in flight per SM
+// beat fewer instructions per row. Else 1, since a larger minimum made ptxas cap registers
+// and spill on some targets (sm_86, sm_120a).
 // Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
-// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp): 4, or 2
-// at D = 512 to keep the 2 x 16 x R input floats per lane in registers. 8 also builds (the
+// TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp): 4 for MSE
+// keys, or 2 at D = 512 to keep the 2 x 16 x R input floats per lane in registers; 2 for FP8
+// keys (measured faster at twice the warps). 8 also builds (the
 // row-uniform work per row halves) but needs 128 registers and measured slower on the H200.
 // Shared memory of the second body 4 * R * (D + slot bytes) <= 20 KB.
 #define TQ_WARPS 4
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
 #endif
-#ifndef TQ_MIN_CTAS
-#error "write_turboquant.cu needs TQ_MIN_CTAS (the launch bounds' minimum CTAs per SM)"
+#if !defined(TQ_MIN_CTAS) || !defined(TQ_MIN_CTAS_SM90)
+#error "write_turboquant.cu needs TQ_MIN_CTAS and TQ_MIN_CTAS_SM90 (launch bounds' minimum CTAs)"
+#endif
+#if KVKIT_ARCH == 900
+#define TQ_CTAS TQ_MIN_CTAS_SM90
+#else
+#define TQ_CTAS TQ_MIN_CTAS
 #endif
 #if TQ_RPW != 1 && TQ_RPW != 2 && TQ_RPW != 4 && TQ_RPW != 8
 #error "TQ_RPW must be 1, 2, 4 or 8"
@@ -395,7 +403,7 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
 
 #endif
 
-extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_MIN_CTAS) void kvkit_write_turboquant(
+extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset

@@ -49,11 +49,26 @@ NVFP4_BLOCK = 16
 TQ_WARPS = 4
 
 
+#: TurboQuant write launch choices measured on an H200 (sm_90) at 4M token-heads, fp16 inputs,
+#: D = 128 (BENCHMARKS.md session 9, scripts/write_sweep.sh): the write waits on latency, so
+#: rows in flight per SM beat instructions per row. MSE keys: 4 rows per warp with registers
+#: capped for 8 CTAs (64 registers, 128 rows per SM) beat 6 CTAs (80 registers) by 7-9%.
+#: FP8 keys (k8v4): 2 rows per warp at 16 CTAs (32 registers) beat 4 rows at 6 CTAs by 25%.
+#: On other targets these caps spill a few bytes somewhere (ptxas: sm_80 / sm_86 / sm_120a
+#: for MSE at 8, sm_80 / sm_90 for bf16 inputs of k8v4 at 16), so they get the next setting
+#: that builds clean everywhere (unmeasured there: no such GPU here).
+_TQ_MIN_CTAS_MSE = 6  # every target: 80 registers, no spill
+_TQ_MIN_CTAS_MSE_SM90 = 8
+_TQ_MIN_CTAS_FP8K = 8  # every target, both 16-bit inputs: <= 48 registers, no spill
+_TQ_MIN_CTAS_FP8K_SM90_F16 = 16
+
+
 def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
     """Rows (token, head) per warp of ``kvkit_write_turboquant`` (its ``TQ_RPW`` define).
 
-    4, or 2 when a lane's share of a row, ceil(D / 32) floats per spec lane, exceeds 8 (D =
-    512, FP8 keys), where 4 rows would not fit in registers. The kernel also builds with 8
+    MSE keys: 4, or 2 when a lane's share of a row, ceil(D / 32) floats per spec lane, exceeds
+    8 (D = 512), where 4 rows would not fit in registers. FP8 keys: 2 (more warps per SM at
+    fewer registers; see _TQ_MIN_CTAS_FP8K_SM90_F16). The kernel also builds with 8
     (row-uniform work and one FWHT shuffle stage shared by 8 rows: 947 instead of 1126 static
     warp instructions per 4 rows, turboquant_4bit_nc at sm_90), but at the 128 registers that
     needs (16 warps per SM) it measured slower on the H200 than 4 rows at 80 registers with 6
@@ -62,23 +77,30 @@ def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
     group of code pieces within a row's 4 lanes, kv_tq_store_codes: not 3-bit codes at
     D = 64.) ``KVKIT_WRITE_TQ_RPW`` (1, 2 or 4) lowers the count for tuning sweeps."""
     e = -(-fmt.head_dim // 32)
-    rows = 4 if e <= 8 else 2
+    rows = 4 if e <= 8 and fmt.key_kind != "fp8" else 2
     override = _env_int("KVKIT_WRITE_TQ_RPW", (1, 2, 4))
     return rows if override is None else min(rows, override)
 
 
-def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> int:
-    """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds (``TQ_MIN_CTAS``).
+def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
+    """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds: (every target but
+    sm_90, sm_90), the ``TQ_MIN_CTAS`` and ``TQ_MIN_CTAS_SM90`` defines (the kernel picks by
+    its arch, common/arch.cuh KVKIT_ARCH).
 
-    6 for 16-bit inputs at D <= 128 (80 registers, 24 warps per SM: the measured best, see
-    tq_rows_per_warp). Otherwise 1 (no cap): float32 inputs (twice the registers of V words)
-    and D = 256 (32 floats per lane and row) spill under any cap that raises occupancy (seen
-    on sm_86 and sm_120a). ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) overrides it for tuning
-    sweeps (ptxas caps the registers to fit; check the build for spills)."""
+    16-bit inputs at D <= 128: the measured settings above (_TQ_MIN_CTAS_*). Otherwise 1 (no
+    cap): float32 inputs (twice the registers of V words) and D > 128 (up to 32 floats per
+    lane and row) spill under any cap that raises occupancy (seen on sm_86 and sm_120a).
+    ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) sets both for tuning sweeps (ptxas caps the
+    registers to fit; check the build for spills)."""
     override = _env_int("KVKIT_WRITE_TQ_MIN_CTAS", range(1, 33))
     if override is not None:
-        return override
-    return 6 if fmt.head_dim <= 128 and in_dtype != "0" else 1
+        return override, override
+    if fmt.head_dim > 128 or in_dtype == "0":
+        return 1, 1
+    if fmt.key_kind == "fp8":
+        sm90 = _TQ_MIN_CTAS_FP8K_SM90_F16 if in_dtype == "1" else _TQ_MIN_CTAS_FP8K
+        return _TQ_MIN_CTAS_FP8K, sm90
+    return _TQ_MIN_CTAS_MSE, _TQ_MIN_CTAS_MSE_SM90
 
 
 def _env_int(name: str, allowed) -> int | None:
@@ -94,13 +116,16 @@ def _env_int(name: str, allowed) -> int | None:
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
-    ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` (for the KV_IN_DTYPE code ``in_dtype``) and,
+    ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` / ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE
+    code ``in_dtype``) and,
     for MSE keys whose codebook has a cell table
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
     the kernel searches the midpoints."""
+    others, sm90 = tq_min_ctas(fmt, in_dtype)
     d = {
         "TQ_RPW": str(tq_rows_per_warp(fmt)),
-        "TQ_MIN_CTAS": str(tq_min_ctas(fmt, in_dtype)),
+        "TQ_MIN_CTAS": str(others),
+        "TQ_MIN_CTAS_SM90": str(sm90),
     }
     d.update(_tq_bucket_defines(fmt))
     return d

@@ -18,12 +18,21 @@ def _no_overrides(monkeypatch):
 def test_defaults_follow_head_dim_and_input_dtype():
     fmt = formats.get("turboquant_4bit_nc", 128)
     assert tq_rows_per_warp(fmt) == 4
-    assert tq_min_ctas(fmt, "1") == 6
-    assert tq_min_ctas(fmt, "0") == 1  # float32 inputs: no register cap
-    assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == 1
+    assert tq_min_ctas(fmt, "1") == (6, 8)  # (other targets, sm_90)
+    assert tq_min_ctas(fmt, "0") == (1, 1)  # float32 inputs: no register cap
+    assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == (1, 1)
     assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
     defines = tq_launch_defines(fmt, "1")
-    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("4", "6")
+    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"], defines["TQ_MIN_CTAS_SM90"]) == (
+        "4", "6", "8")  # fmt: skip
+
+
+def test_fp8_keys_take_two_rows_per_warp_and_more_ctas():
+    k8v4 = formats.get("turboquant_k8v4", 128)
+    assert tq_rows_per_warp(k8v4) == 2
+    assert tq_min_ctas(k8v4, "1") == (8, 16)
+    assert tq_min_ctas(k8v4, "2") == (8, 8)  # bf16 inputs spill at 16 on sm_80 / sm_90
+    assert tq_min_ctas(k8v4, "0") == (1, 1)
 
 
 def test_overrides_reach_the_launch_defines(monkeypatch):
@@ -31,7 +40,8 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_TQ_MIN_CTAS", "10")
     fmt = formats.get("turboquant_3bit_nc", 128)
     defines = tq_launch_defines(fmt, "1")
-    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"]) == ("2", "10")
+    assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"], defines["TQ_MIN_CTAS_SM90"]) == (
+        "2", "10", "10")  # fmt: skip
     # An override never raises the row count above what the registers allow.
     monkeypatch.setenv("KVKIT_WRITE_TQ_RPW", "4")
     assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
