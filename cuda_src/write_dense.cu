@@ -3,14 +3,12 @@
 // Formats (defines from fmt.cuda_defines()):
 //   KV_FORMAT_DENSE, KV_DENSE_BF16=0  fp16 planes: plain RNE cast, overflow -> inf (NumPy's).
 //   KV_FORMAT_DENSE, KV_DENSE_BF16=1  bf16 planes (uint16 bits): RNE on the float32 pattern.
-//   KV_FORMAT_FP8                     E4M3 planes: byte = e4m3_satfinite(x / scale), IEEE div
-//                                     (by the layer's reciprocal, common/divide.cuh: same bits).
+//   KV_FORMAT_FP8                     E4M3 planes: byte = e4m3_satfinite(x / scale), IEEE div.
 // Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
 //
 // Mapping: one thread per (token, head, chunk of KV_CHUNK elements), K and V together.
 // Negative slot: skipped. Slot >= capacity: skipped, error_flag |= 1 (once per token).
 #include "common/arch.cuh"
-#include "common/divide.cuh"
 #include "common/fp16.cuh"
 #include "common/fp8.cuh"
 #include "common/paged.cuh"
@@ -36,30 +34,14 @@ typedef unsigned char kv_elem_t;
 typedef unsigned short kv_elem_t;
 #endif
 
-#if defined(KV_FORMAT_FP8)
-// RN(a / scale), as __fdiv_rn: by the layer's reciprocal where divide.cuh's range conditions
-// hold (every finite input of a layer with a scale in [2^-40, 2^40] whose quotient is not
-// below 2^-40), __fdiv_rn otherwise. The reciprocal path is ~5 FMA-pipe instructions against
-// __fdiv_rn's reciprocal, range check and branch per element.
-__device__ __forceinline__ float kv_fp8_quotient(float a, const KvDivisor& scale) {
-    bool ok = scale.ok;
-    const float q = kv_div_by(a, scale, ok);
-    return ok ? q : __fdiv_rn(a, scale.b);
-}
-#endif
-
-// Encode and store one chunk at dst (vector store when aligned); scale: the fp8 layer scale's
-// divisor (unused by the 16-bit formats).
-__device__ __forceinline__ void kv_store_chunk(kv_elem_t* dst, const float (&x)[KV_CHUNK],
-                                               const KvDivisor& scale) {
+// Encode and store one chunk at dst (vector store when aligned).
+__device__ __forceinline__ void kv_store_chunk(kv_elem_t* dst, const float (&x)[KV_CHUNK], float scale) {
 #if defined(KV_FORMAT_FP8)
     unsigned int w[2];
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-        unsigned int lo = kv_e4m3x2_encode(kv_fp8_quotient(x[4 * j], scale),
-                                           kv_fp8_quotient(x[4 * j + 1], scale));
-        unsigned int hi = kv_e4m3x2_encode(kv_fp8_quotient(x[4 * j + 2], scale),
-                                           kv_fp8_quotient(x[4 * j + 3], scale));
+        unsigned int lo = kv_e4m3x2_encode(__fdiv_rn(x[4 * j], scale), __fdiv_rn(x[4 * j + 1], scale));
+        unsigned int hi = kv_e4m3x2_encode(__fdiv_rn(x[4 * j + 2], scale), __fdiv_rn(x[4 * j + 3], scale));
         w[j] = lo | (hi << 16);
     }
     if ((reinterpret_cast<unsigned long long>(dst) & 7ull) == 0) {
@@ -128,8 +110,8 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_DENSE_THREADS, 1) void kvkit_wr
     float x[KV_CHUNK];
     kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(k, src, x);
     kv_store_chunk(k_plane + blk * k_stride_block + h * k_stride_head + off * k_stride_token + c * KV_CHUNK, x,
-                   kv_divisor(k_scale));
+                   k_scale);
     kv_load_inputs<KV_IN_DTYPE, KV_CHUNK>(v, src, x);
     kv_store_chunk(v_plane + blk * v_stride_block + h * v_stride_head + off * v_stride_token + c * KV_CHUNK, x,
-                   kv_divisor(v_scale));
+                   v_scale);
 }
