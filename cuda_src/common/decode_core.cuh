@@ -186,6 +186,8 @@ constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
 // ... of token t's row: one address computation per token and tile, and each pair of
 // neighbouring threads fills whole 32-byte sectors.
 constexpr int TPT = THREADS / TILE;
+// Warp sub-runs of the slab mode (KvIssueAt): one warp per 16 tokens of a tile.
+constexpr bool SUB16 = (THREADS / KV_WARP) * 16 == TILE;
 // Whether some plane can take the row mode (whole 16-byte units) / the slab mode (other
 // widths; kv_plane_mode): the tile's pages for that mode are read only then.
 constexpr bool ROW_PLANES = (KV_P0_BYTES > 0 && KV_P0_BYTES % 16 == 0) ||
@@ -369,6 +371,12 @@ __device__ __forceinline__ bool kv_plane_fast(int mode, int vec) {
 // slab mode needs TILE % block_size == 0 when block_size < TILE); this thread serves the
 // run starting at tile token slab_tok from piece slab_j0. Recomputed per tile rather than
 // held: the kernels sit at their register cap.
+// Warp sub-runs (kvd::SUB16 cores, fast launches with block_size >= 16): warp w copies the
+// 16 tokens 16 w .. 16 w + 15 of the tile, which lie in one page (pages of >= 16 tokens,
+// tiles and runs start on multiples of 16 from a page start) and are 16 W contiguous bytes,
+// i.e. W pieces: lane l takes pieces l, l + 32, ...; slab_tok = 16 w, slab_j0 = l, and the
+// offsets of its pieces are compile-time constants (512 k bytes), where the general mapping's
+// stride (slab_tpr pieces) is known only at run time (a 64-bit add per piece).
 struct KvIssueAt {
     int row_page;  // page of token row_t, -1 past the tile or without a page
     int row_off;   // row_t's token offset in its page
@@ -418,7 +426,7 @@ __device__ __forceinline__ const unsigned char* kv_row_src(const unsigned char* 
 // with 32-bit offsets (KvTilePipe::fast), so the width alone gives the mode (kv_plane_mode:
 // whole 16-byte units take the row mode, other widths the slab mode) and no mode, offset
 // width or fallback is decided per plane and tile.
-template <int W, int WP, bool FAST>
+template <int W, int WP, bool FAST, bool SUB = false>
 __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned stage_sa,
                                                const unsigned char* base, long long sb,
                                                long long sh, long long st, int elem, int vec,
@@ -441,6 +449,21 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
                 for (int k = 0; k < (NCH + kvd::TPT - 1) / kvd::TPT; ++k) {
                     if (NCH % kvd::TPT == 0 || at.row_x / 16 + k * kvd::TPT < NCH)
                         kv_cp_async16(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16);
+                }
+            }
+        } else if (slab && SUB) {
+            // Warp sub-runs (fast launches, block_size >= 16): lane l's pieces l + 32 k of the
+            // warp's W pieces, at constant offsets from one address.
+            static_assert(!SUB || (FAST && kvd::SUB16), "sub-runs need fast launches");
+            if (at.slab_page >= 0) {
+                const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
+                                                            at.slab_page, at.slab_off,
+                                                            at.slab_j0 * 16);
+                const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
+#pragma unroll
+                for (int k = 0; k < (W + KV_WARP - 1) / KV_WARP; ++k) {
+                    if ((k + 1) * KV_WARP <= W || at.slab_j0 < W % KV_WARP)
+                        kv_cp_async16(dst + k * KV_WARP * 16, src + k * KV_WARP * 16);
                 }
             }
         } else if (slab) {
@@ -647,22 +670,22 @@ struct KvTilePipe {
         rw[2] = s + kvd::TILE * (kvd::WP0 + kvd::WP1) + t * rs[2];
         rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
     }
-    template <bool FAST>
+    template <bool FAST, bool SUB = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,
                                            KV_PLANE_PARAM_DECL) {
         constexpr int SO1 = kvd::TILE * kvd::WP0;
         constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
         constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST>(s, sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM,
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM,
                                                     p0_vec, md[0], kvh, at, tp, t0, n, bs);
-        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST>(s + SO1, sa + SO1, p1, p1_sb, p1_sh, p1_st,
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh, p1_st,
                                                     KV_P1_ELEM, p1_vec, md[1], kvh, at, tp, t0,
                                                     n, bs);
-        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST>(s + SO2, sa + SO2, p2, p2_sb, p2_sh, p2_st,
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh, p2_st,
                                                     KV_P2_ELEM, p2_vec, md[2], kvh, at, tp, t0,
                                                     n, bs);
-        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST>(s + SO3, sa + SO3, p3, p3_sb, p3_sh, p3_st,
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh, p3_st,
                                                     KV_P3_ELEM, p3_vec, md[3], kvh, at, tp, t0,
                                                     n, bs);
     }
@@ -742,16 +765,31 @@ struct KvTilePipe {
                 at.row_page = at.row_t < n ? tp[at.row_t] : -1;
                 at.row_off = row_off >= 0 ? row_off : (t0 + at.row_t) % bs;
             }
-            at.sc = bs < kvd::TILE ? bs : kvd::TILE;
-            at.slab_tpr = kvd::TPT * at.sc;
-            at.slab_j0 = (int)(tid & (at.slab_tpr - 1));
-            at.slab_tok = (int)((tid - at.slab_j0) / kvd::TPT);
+            // Slab planes of fast launches with pages of >= 16 tokens: warp sub-runs
+            // (KvIssueAt). Their offset in the page: 16 w modulo the page when pages hold
+            // whole tiles' parts (block_size divides TILE: a power of two), else the tile's
+            // offset (a multiple of TILE) plus 16 w.
+            constexpr bool SUB_OK = kvd::SUB16 && kvd::SLAB_PLANES && !KVD_BULK;
+            const bool sub = SUB_OK && fast && bs >= 16;
             at.slab_page = -1;
             at.slab_off = 0;
-            if constexpr (kvd::SLAB_PLANES) {
-                // The page's offset is 0 unless one page holds several tiles.
+            if (sub) {
+                at.sc = 16;
+                at.slab_tpr = KV_WARP;
+                at.slab_tok = (int)(16 * (tid / KV_WARP));
+                at.slab_j0 = (int)(tid % KV_WARP);
                 at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
-                at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;
+                at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1)) : t0 % bs + at.slab_tok;
+            } else {
+                at.sc = bs < kvd::TILE ? bs : kvd::TILE;
+                at.slab_tpr = kvd::TPT * at.sc;
+                at.slab_j0 = (int)(tid & (at.slab_tpr - 1));
+                at.slab_tok = (int)((tid - at.slab_j0) / kvd::TPT);
+                if constexpr (kvd::SLAB_PLANES) {
+                    // The page's offset is 0 unless one page holds several tiles.
+                    at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
+                    at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;
+                }
             }
             // Shared-window addresses in 32 bits: one conversion per tile, not per copy.
             const unsigned sa = kv_smem_addr(s);
@@ -762,7 +800,9 @@ struct KvTilePipe {
             }
 #endif
             // One uniform branch per tile picks the planes' code.
-            if (fast)
+            if (sub)
+                planes<true, SUB_OK>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
+            else if (fast)
                 planes<true>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
             else
                 planes<false>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
