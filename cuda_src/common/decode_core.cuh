@@ -251,6 +251,16 @@ __device__ __forceinline__ void kv_cp_async16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
+// The same, or 16 zero bytes and no read when !valid (src-size 0): fast launches copy
+// without a branch around each plane's copies, so a tile's copies stay one run of code (ptxas
+// puts three no-op instructions before every run of copies that starts a block, and a
+// branch costs BSSY / BSYNC / BRA). Callers pass an address inside the plane either way.
+__device__ __forceinline__ void kv_cp_async16_zfill(unsigned dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+
 __device__ __forceinline__ void kv_cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
@@ -441,7 +451,18 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             // immediate offsets of the copies), and each pair of neighbouring threads fills
             // whole 32-byte sectors.
             constexpr int NCH = W / 16;
-            if (at.row_page >= 0) {
+            if constexpr (FAST && NCH % kvd::TPT == 0) {
+                // Rows without a page (or past the tile) get zeros from page 0's row instead
+                // of no copy (never read unmasked).
+                const bool v = at.row_page >= 0;
+                const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
+                                                            v ? at.row_page : 0, at.row_off,
+                                                            at.row_x);
+                const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
+#pragma unroll
+                for (int k = 0; k < NCH / kvd::TPT; ++k)
+                    kv_cp_async16_zfill(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16, v);
+            } else if (at.row_page >= 0) {
                 const unsigned char* src = kv_row_src<FAST>(base, sb, sh, st, elem, kvh,
                                                             at.row_page, at.row_off, at.row_x);
                 const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
@@ -454,17 +475,22 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
         } else if (slab && SUB) {
             // Warp sub-runs (fast launches, block_size >= 16): lane l's pieces l + 32 k of the
             // warp's W pieces, at constant offsets from one address.
+            // Whole rounds of 32 pieces as the row mode above (zeros without a page); the
+            // last, partial round only on its lanes (a zero fill past the sub-run would land
+            // in the next warp's).
             static_assert(!SUB || (FAST && kvd::SUB16), "sub-runs need fast launches");
-            if (at.slab_page >= 0) {
-                const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
-                                                            at.slab_page, at.slab_off,
-                                                            at.slab_j0 * 16);
-                const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
+            const bool v = at.slab_page >= 0;
+            const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
+                                                        v ? at.slab_page : 0, at.slab_off,
+                                                        at.slab_j0 * 16);
+            const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
 #pragma unroll
-                for (int k = 0; k < (W + KV_WARP - 1) / KV_WARP; ++k) {
-                    if ((k + 1) * KV_WARP <= W || at.slab_j0 < W % KV_WARP)
-                        kv_cp_async16(dst + k * KV_WARP * 16, src + k * KV_WARP * 16);
-                }
+            for (int k = 0; k < W / KV_WARP; ++k)
+                kv_cp_async16_zfill(dst + k * KV_WARP * 16, src + k * KV_WARP * 16, v);
+            if constexpr (W % KV_WARP != 0) {
+                constexpr int K = W / KV_WARP;
+                if (v && at.slab_j0 < W % KV_WARP)
+                    kv_cp_async16(dst + K * KV_WARP * 16, src + K * KV_WARP * 16);
             }
         } else if (slab) {
             // One page lookup and one address per thread and tile, then 16-byte pieces at a
