@@ -561,13 +561,6 @@ __device__ __forceinline__ float kv_dot4(const float4& a, const float4& b, float
     return fmaf(a.w, b.w, acc);
 }
 
-// Page of token tok of sequence b, or -1 (bad entry: *bad = true).
-__device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
-    if (kv_page_ok(e, num_blocks)) return e;
-    *bad = true;
-    return -1;
-}
-
 #if KVD_BULK
 // Widths of a fast launch's row planes (whole 16-byte units) and slab planes (the others).
 __host__ __device__ constexpr int kv_row_w(int w) { return w > 0 && w % 16 == 0 ? w : 0; }
@@ -622,8 +615,8 @@ struct KvTilePipe {
 #if KVD_BULK
     unsigned bar_sa;  // shared-window address of stage 0's mbarrier
 #endif
-    const int* block_tables;
-    long long bt_row;
+    const int* bt;  // the sequence's block-table row
+    int bt_sh;      // log2(block_size) for power-of-two pages, else -1
     int num_blocks;
     int block_size;
     int kvh;
@@ -642,21 +635,21 @@ struct KvTilePipe {
     }
     // Block-table entry of token t of tile j (0 when not live); the entry is checked by
     // store(). Page sizes are powers of two (kvkit.cache.BLOCK_SIZES): a shift, not an
-    // integer division (~25 instructions), unless a caller built odd pages.
+    // integer division (~25 instructions), unless a caller built odd pages. The row pointer
+    // and the shift are worked out once (kv_make_pipe), not per tile.
     __device__ __forceinline__ int entry(int j, int t) const {
         if (!live(j, t)) return 0;
         const int tok = t_lo + j * kvd::TILE + t;
-        const int sh = __ffs(block_size) - 1;
-        const int idx = block_size == (1 << sh) ? tok >> sh : tok / block_size;
-        return block_tables[bt_row + idx];
+        const int idx = bt_sh >= 0 ? tok >> bt_sh : tok / block_size;
+        return bt[idx];
     }
     // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
     // the tile or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        bool bad = false;
-        const int page = live(j, threadIdx.x) ? kv_page_of(e, num_blocks, &bad) : -1;
-        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = page;
-        if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        const bool lv = live(j, threadIdx.x);
+        const bool ok = kv_page_ok(e, num_blocks);
+        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
+        if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
     // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1.
     __device__ __forceinline__ void prologue_pages() {
@@ -863,8 +856,11 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.row_off = kvd::TILE % block_size == 0
                      ? (int)(threadIdx.x / (kvd::THREADS / kvd::TILE)) % block_size
                      : -1;
-    pp.block_tables = block_tables;
-    pp.bt_row = (long long)b * max_blocks;
+    pp.bt = block_tables + (long long)b * max_blocks;
+    {
+        const int sh = __ffs(block_size) - 1;
+        pp.bt_sh = block_size == (1 << sh) ? sh : -1;
+    }
     pp.num_blocks = num_blocks;
     pp.block_size = block_size;
     pp.kvh = blockIdx.y;
