@@ -251,14 +251,18 @@ __device__ __forceinline__ void kv_cp_async16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
 }
 
-// The same, or 16 zero bytes and no read when !valid (src-size 0): fast launches copy
+// The same, or 16 zero bytes and no read without a page (src-size 0): fast launches copy
 // without a branch around each plane's copies, so a tile's copies stay one run of code (ptxas
 // puts three no-op instructions before every run of copies that starts a block, and a
 // branch costs BSSY / BSYNC / BRA). Callers pass an address inside the plane either way.
-__device__ __forceinline__ void kv_cp_async16_zfill(unsigned dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(valid ? 16 : 0)
-                 : "memory");
+// valid: page >= 0, tested inside the asm (one compare; a bool made into 16 or 0 in C++
+// costs four instructions).
+__device__ __forceinline__ void kv_cp_async16_zfill(unsigned dst, const void* src, int page) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t.reg .u32 n;\n\tsetp.ge.s32 p, %2, 0;\n\t"
+        "selp.u32 n, 16, 0, p;\n\tcp.async.cg.shared.global [%0], [%1], 16, n;\n\t}" ::"r"(dst),
+        "l"(src), "r"(page)
+        : "memory");
 }
 
 __device__ __forceinline__ void kv_cp_async_commit() {
@@ -461,7 +465,8 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
                 const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
 #pragma unroll
                 for (int k = 0; k < NCH / kvd::TPT; ++k)
-                    kv_cp_async16_zfill(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16, v);
+                    kv_cp_async16_zfill(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16,
+                                        at.row_page);
             } else if (at.row_page >= 0) {
                 const unsigned char* src = kv_row_src<FAST>(base, sb, sh, st, elem, kvh,
                                                             at.row_page, at.row_off, at.row_x);
@@ -486,7 +491,8 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
 #pragma unroll
             for (int k = 0; k < W / KV_WARP; ++k)
-                kv_cp_async16_zfill(dst + k * KV_WARP * 16, src + k * KV_WARP * 16, v);
+                kv_cp_async16_zfill(dst + k * KV_WARP * 16, src + k * KV_WARP * 16,
+                                    at.slab_page);
             if constexpr (W % KV_WARP != 0) {
                 constexpr int K = W / KV_WARP;
                 if (v && at.slab_j0 < W % KV_WARP)
