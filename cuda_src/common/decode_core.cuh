@@ -27,8 +27,11 @@
 // padded staging rows (an odd number of 16-byte units, so the 8 tokens of a quarter-warp hit
 // different banks); token-contiguous planes of other widths (TurboQuant slots, NVFP4
 // scales) with a 16-byte aligned (page, head) slab: 16-byte cp.async of whole runs of
-// min(block_size, TILE) tokens into unpadded rows; anything else (strided or unaligned
-// views): synchronous loads of the widest width the alignment allows.
+// min(block_size, TILE) tokens into unpadded rows (the mma core with pages of >= 16 tokens:
+// one warp per 16 tokens, KvIssueAt); anything else (strided or unaligned views):
+// synchronous loads of the widest width the alignment allows. Launches whose planes all copy
+// asynchronously with 32-bit offsets ("fast") copy rows without a page as zeros (src-size 0)
+// rather than branching around them.
 //
 // An entry defines, before including this file:
 //   KV_NPLANES (1..4); KV_Pi_BYTES (row width in bytes of plane i) and KV_Pi_ELEM (bytes per
