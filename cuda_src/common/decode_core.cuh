@@ -705,17 +705,18 @@ struct KvTilePipe {
         constexpr int SO1 = kvd::TILE * kvd::WP0;
         constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
         constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM,
-                                                    p0_vec, md[0], kvh, at, tp, t0, n, bs);
-        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh, p1_st,
-                                                    KV_P1_ELEM, p1_vec, md[1], kvh, at, tp, t0,
-                                                    n, bs);
-        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh, p2_st,
-                                                    KV_P2_ELEM, p2_vec, md[2], kvh, at, tp, t0,
-                                                    n, bs);
-        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh, p3_st,
-                                                    KV_P3_ELEM, p3_vec, md[3], kvh, at, tp, t0,
-                                                    n, bs);
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st,
+                                                         KV_P0_ELEM, p0_vec, md[0], kvh, at, tp,
+                                                         t0, n, bs);
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
+                                                         p1_st, KV_P1_ELEM, p1_vec, md[1], kvh,
+                                                         at, tp, t0, n, bs);
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
+                                                         p2_st, KV_P2_ELEM, p2_vec, md[2], kvh,
+                                                         at, tp, t0, n, bs);
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
+                                                         p3_st, KV_P3_ELEM, p3_vec, md[3], kvh,
+                                                         at, tp, t0, n, bs);
     }
 #if KVD_BULK
     // Bulk copies of tile j (fast launches on sm_90+): row planes one copy per token row by
