@@ -109,6 +109,13 @@
 #if KV_MMA_K_HILO && !KV_MMA_K_REGS
 #error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
 #endif
+// -DKVKIT_DECODE_MASK_ALL=1: every tile through the masked softmax (no fully-visible-tile
+// fast path), for tests that compare the two bit for bit.
+#if defined(KVKIT_DECODE_MASK_ALL) && KVKIT_DECODE_MASK_ALL
+#define KVD_MASK_ALL 1
+#else
+#define KVD_MASK_ALL 0
+#endif
 // fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
 // scaling.
 #if KV_IN_DTYPE == 1 && !KV_ROTATE_Q && !KV_MMA_BF16
@@ -665,7 +672,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // takes get the same bits either way. (Padding rows r >= R, which a window hides
             // and the fast path does not, fill only their own mma columns and softmax state and
             // are never written out; a rescale they trigger multiplies the real rows by 1.)
-            const bool full = t0 + TILE <= pipe.t_hi &&
+            const bool full = !KVD_MASK_ALL && t0 + TILE <= pipe.t_hi &&
                               (QL == 1 || t0 + (TILE - 1) <= seq_len - QL) &&
                               (window <= 0 || t0 >= seq_len - window) &&
                               __all_sync(KV_FULL_MASK, tp[tw0 + (lane & (WT - 1))] >= 0);
