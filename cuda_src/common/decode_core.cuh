@@ -27,8 +27,11 @@
 // padded staging rows (an odd number of 16-byte units, so the 8 tokens of a quarter-warp hit
 // different banks); token-contiguous planes of other widths (TurboQuant slots, NVFP4
 // scales) with a 16-byte aligned (page, head) slab: 16-byte cp.async of whole runs of
-// min(block_size, TILE) tokens into unpadded rows; anything else (strided or unaligned
-// views): synchronous loads of the widest width the alignment allows.
+// min(block_size, TILE) tokens into unpadded rows (the mma core with pages of >= 16 tokens:
+// one warp per 16 tokens, KvIssueAt); anything else (strided or unaligned views):
+// synchronous loads of the widest width the alignment allows. Launches whose planes all copy
+// asynchronously with 32-bit offsets ("fast") copy rows without a page as zeros (src-size 0)
+// rather than branching around them.
 //
 // An entry defines, before including this file:
 //   KV_NPLANES (1..4); KV_Pi_BYTES (row width in bytes of plane i) and KV_Pi_ELEM (bytes per
@@ -186,6 +189,8 @@ constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
 // ... of token t's row: one address computation per token and tile, and each pair of
 // neighbouring threads fills whole 32-byte sectors.
 constexpr int TPT = THREADS / TILE;
+// Warp sub-runs of the slab mode (KvIssueAt): one warp per 16 tokens of a tile.
+constexpr bool SUB16 = (THREADS / KV_WARP) * 16 == TILE;
 // Whether some plane can take the row mode (whole 16-byte units) / the slab mode (other
 // widths; kv_plane_mode): the tile's pages for that mode are read only then.
 constexpr bool ROW_PLANES = (KV_P0_BYTES > 0 && KV_P0_BYTES % 16 == 0) ||
@@ -247,6 +252,20 @@ __device__ __forceinline__ unsigned kv_smem_addr(const void* p) {
 // dst: a shared-window address (kv_smem_addr).
 __device__ __forceinline__ void kv_cp_async16(unsigned dst, const void* src) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// The same, or 16 zero bytes and no read without a page (src-size 0): fast launches copy
+// without a branch around each plane's copies, so a tile's copies stay one run of code (ptxas
+// puts three no-op instructions before every run of copies that starts a block, and a
+// branch costs BSSY / BSYNC / BRA). Callers pass an address inside the plane either way.
+// valid: page >= 0, tested inside the asm (one compare; a bool made into 16 or 0 in C++
+// costs four instructions).
+__device__ __forceinline__ void kv_cp_async16_zfill(unsigned dst, const void* src, int page) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\t.reg .u32 n;\n\tsetp.ge.s32 p, %2, 0;\n\t"
+        "selp.u32 n, 16, 0, p;\n\tcp.async.cg.shared.global [%0], [%1], 16, n;\n\t}" ::"r"(dst),
+        "l"(src), "r"(page)
+        : "memory");
 }
 
 __device__ __forceinline__ void kv_cp_async_commit() {
@@ -369,6 +388,12 @@ __device__ __forceinline__ bool kv_plane_fast(int mode, int vec) {
 // slab mode needs TILE % block_size == 0 when block_size < TILE); this thread serves the
 // run starting at tile token slab_tok from piece slab_j0. Recomputed per tile rather than
 // held: the kernels sit at their register cap.
+// Warp sub-runs (kvd::SUB16 cores, fast launches with block_size >= 16): warp w copies the
+// 16 tokens 16 w .. 16 w + 15 of the tile, which lie in one page (pages of >= 16 tokens,
+// tiles and runs start on multiples of 16 from a page start) and are 16 W contiguous bytes,
+// i.e. W pieces: lane l takes pieces l, l + 32, ...; slab_tok = 16 w, slab_j0 = l, and the
+// offsets of its pieces are compile-time constants (512 k bytes), where the general mapping's
+// stride (slab_tpr pieces) is known only at run time (a 64-bit add per piece).
 struct KvIssueAt {
     int row_page;  // page of token row_t, -1 past the tile or without a page
     int row_off;   // row_t's token offset in its page
@@ -418,7 +443,7 @@ __device__ __forceinline__ const unsigned char* kv_row_src(const unsigned char* 
 // with 32-bit offsets (KvTilePipe::fast), so the width alone gives the mode (kv_plane_mode:
 // whole 16-byte units take the row mode, other widths the slab mode) and no mode, offset
 // width or fallback is decided per plane and tile.
-template <int W, int WP, bool FAST>
+template <int W, int WP, bool FAST, bool SUB = false>
 __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned stage_sa,
                                                const unsigned char* base, long long sb,
                                                long long sh, long long st, int elem, int vec,
@@ -433,7 +458,19 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             // immediate offsets of the copies), and each pair of neighbouring threads fills
             // whole 32-byte sectors.
             constexpr int NCH = W / 16;
-            if (at.row_page >= 0) {
+            if constexpr (FAST && NCH % kvd::TPT == 0) {
+                // Rows without a page (or past the tile) get zeros from page 0's row instead
+                // of no copy (never read unmasked).
+                const bool v = at.row_page >= 0;
+                const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
+                                                            v ? at.row_page : 0, at.row_off,
+                                                            at.row_x);
+                const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
+#pragma unroll
+                for (int k = 0; k < NCH / kvd::TPT; ++k)
+                    kv_cp_async16_zfill(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16,
+                                        at.row_page);
+            } else if (at.row_page >= 0) {
                 const unsigned char* src = kv_row_src<FAST>(base, sb, sh, st, elem, kvh,
                                                             at.row_page, at.row_off, at.row_x);
                 const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
@@ -442,6 +479,27 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
                     if (NCH % kvd::TPT == 0 || at.row_x / 16 + k * kvd::TPT < NCH)
                         kv_cp_async16(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16);
                 }
+            }
+        } else if (slab && SUB) {
+            // Warp sub-runs (fast launches, block_size >= 16): lane l's pieces l + 32 k of the
+            // warp's W pieces, at constant offsets from one address.
+            // Whole rounds of 32 pieces as the row mode above (zeros without a page); the
+            // last, partial round only on its lanes (a zero fill past the sub-run would land
+            // in the next warp's).
+            static_assert(!SUB || (FAST && kvd::SUB16), "sub-runs need fast launches");
+            const bool v = at.slab_page >= 0;
+            const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
+                                                        v ? at.slab_page : 0, at.slab_off,
+                                                        at.slab_j0 * 16);
+            const unsigned dst = stage_sa + at.slab_tok * W + at.slab_j0 * 16;
+#pragma unroll
+            for (int k = 0; k < W / KV_WARP; ++k)
+                kv_cp_async16_zfill(dst + k * KV_WARP * 16, src + k * KV_WARP * 16,
+                                    at.slab_page);
+            if constexpr (W % KV_WARP != 0) {
+                constexpr int K = W / KV_WARP;
+                if (v && at.slab_j0 < W % KV_WARP)
+                    kv_cp_async16(dst + K * KV_WARP * 16, src + K * KV_WARP * 16);
             }
         } else if (slab) {
             // One page lookup and one address per thread and tile, then 16-byte pieces at a
@@ -512,13 +570,6 @@ __device__ __forceinline__ float kv_dot4(const float4& a, const float4& b, float
     return fmaf(a.w, b.w, acc);
 }
 
-// Page of token tok of sequence b, or -1 (bad entry: *bad = true).
-__device__ __forceinline__ int kv_page_of(int e, int num_blocks, bool* bad) {
-    if (kv_page_ok(e, num_blocks)) return e;
-    *bad = true;
-    return -1;
-}
-
 #if KVD_BULK
 // Widths of a fast launch's row planes (whole 16-byte units) and slab planes (the others).
 __host__ __device__ constexpr int kv_row_w(int w) { return w > 0 && w % 16 == 0 ? w : 0; }
@@ -573,8 +624,8 @@ struct KvTilePipe {
 #if KVD_BULK
     unsigned bar_sa;  // shared-window address of stage 0's mbarrier
 #endif
-    const int* block_tables;
-    long long bt_row;
+    const int* bt;  // the sequence's block-table row
+    int bt_sh;      // log2(block_size) for power-of-two pages, else -1
     int num_blocks;
     int block_size;
     int kvh;
@@ -593,21 +644,21 @@ struct KvTilePipe {
     }
     // Block-table entry of token t of tile j (0 when not live); the entry is checked by
     // store(). Page sizes are powers of two (kvkit.cache.BLOCK_SIZES): a shift, not an
-    // integer division (~25 instructions), unless a caller built odd pages.
+    // integer division (~25 instructions), unless a caller built odd pages. The row pointer
+    // and the shift are worked out once (kv_make_pipe), not per tile.
     __device__ __forceinline__ int entry(int j, int t) const {
         if (!live(j, t)) return 0;
         const int tok = t_lo + j * kvd::TILE + t;
-        const int sh = __ffs(block_size) - 1;
-        const int idx = block_size == (1 << sh) ? tok >> sh : tok / block_size;
-        return block_tables[bt_row + idx];
+        const int idx = bt_sh >= 0 ? tok >> bt_sh : tok / block_size;
+        return bt[idx];
     }
     // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
     // the tile or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        bool bad = false;
-        const int page = live(j, threadIdx.x) ? kv_page_of(e, num_blocks, &bad) : -1;
-        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = page;
-        if (bad) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        const bool lv = live(j, threadIdx.x);
+        const bool ok = kv_page_ok(e, num_blocks);
+        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
+        if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
     // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1.
     __device__ __forceinline__ void prologue_pages() {
@@ -647,24 +698,25 @@ struct KvTilePipe {
         rw[2] = s + kvd::TILE * (kvd::WP0 + kvd::WP1) + t * rs[2];
         rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
     }
-    template <bool FAST>
+    template <bool FAST, bool SUB = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,
                                            KV_PLANE_PARAM_DECL) {
         constexpr int SO1 = kvd::TILE * kvd::WP0;
         constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
         constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST>(s, sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM,
-                                                    p0_vec, md[0], kvh, at, tp, t0, n, bs);
-        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST>(s + SO1, sa + SO1, p1, p1_sb, p1_sh, p1_st,
-                                                    KV_P1_ELEM, p1_vec, md[1], kvh, at, tp, t0,
-                                                    n, bs);
-        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST>(s + SO2, sa + SO2, p2, p2_sb, p2_sh, p2_st,
-                                                    KV_P2_ELEM, p2_vec, md[2], kvh, at, tp, t0,
-                                                    n, bs);
-        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST>(s + SO3, sa + SO3, p3, p3_sb, p3_sh, p3_st,
-                                                    KV_P3_ELEM, p3_vec, md[3], kvh, at, tp, t0,
-                                                    n, bs);
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st,
+                                                         KV_P0_ELEM, p0_vec, md[0], kvh, at, tp,
+                                                         t0, n, bs);
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
+                                                         p1_st, KV_P1_ELEM, p1_vec, md[1], kvh,
+                                                         at, tp, t0, n, bs);
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
+                                                         p2_st, KV_P2_ELEM, p2_vec, md[2], kvh,
+                                                         at, tp, t0, n, bs);
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
+                                                         p3_st, KV_P3_ELEM, p3_vec, md[3], kvh,
+                                                         at, tp, t0, n, bs);
     }
 #if KVD_BULK
     // Bulk copies of tile j (fast launches on sm_90+): row planes one copy per token row by
@@ -742,16 +794,31 @@ struct KvTilePipe {
                 at.row_page = at.row_t < n ? tp[at.row_t] : -1;
                 at.row_off = row_off >= 0 ? row_off : (t0 + at.row_t) % bs;
             }
-            at.sc = bs < kvd::TILE ? bs : kvd::TILE;
-            at.slab_tpr = kvd::TPT * at.sc;
-            at.slab_j0 = (int)(tid & (at.slab_tpr - 1));
-            at.slab_tok = (int)((tid - at.slab_j0) / kvd::TPT);
+            // Slab planes of fast launches with pages of >= 16 tokens: warp sub-runs
+            // (KvIssueAt). Their offset in the page: 16 w modulo the page when pages hold
+            // whole tiles' parts (block_size divides TILE: a power of two), else the tile's
+            // offset (a multiple of TILE) plus 16 w.
+            constexpr bool SUB_OK = kvd::SUB16 && kvd::SLAB_PLANES && !KVD_BULK;
+            const bool sub = SUB_OK && fast && bs >= 16;
             at.slab_page = -1;
             at.slab_off = 0;
-            if constexpr (kvd::SLAB_PLANES) {
-                // The page's offset is 0 unless one page holds several tiles.
+            if (sub) {
+                at.sc = 16;
+                at.slab_tpr = KV_WARP;
+                at.slab_tok = (int)(16 * (tid / KV_WARP));
+                at.slab_j0 = (int)(tid % KV_WARP);
                 at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
-                at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;
+                at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1)) : t0 % bs + at.slab_tok;
+            } else {
+                at.sc = bs < kvd::TILE ? bs : kvd::TILE;
+                at.slab_tpr = kvd::TPT * at.sc;
+                at.slab_j0 = (int)(tid & (at.slab_tpr - 1));
+                at.slab_tok = (int)((tid - at.slab_j0) / kvd::TPT);
+                if constexpr (kvd::SLAB_PLANES) {
+                    // The page's offset is 0 unless one page holds several tiles.
+                    at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
+                    at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;
+                }
             }
             // Shared-window addresses in 32 bits: one conversion per tile, not per copy.
             const unsigned sa = kv_smem_addr(s);
@@ -762,7 +829,9 @@ struct KvTilePipe {
             }
 #endif
             // One uniform branch per tile picks the planes' code.
-            if (fast)
+            if (sub)
+                planes<true, SUB_OK>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
+            else if (fast)
                 planes<true>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
             else
                 planes<false>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
@@ -797,8 +866,11 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.row_off = kvd::TILE % block_size == 0
                      ? (int)(threadIdx.x / (kvd::THREADS / kvd::TILE)) % block_size
                      : -1;
-    pp.block_tables = block_tables;
-    pp.bt_row = (long long)b * max_blocks;
+    pp.bt = block_tables + (long long)b * max_blocks;
+    {
+        const int sh = __ffs(block_size) - 1;
+        pp.bt_sh = block_size == (1 << sh) ? sh : -1;
+    }
     pp.num_blocks = num_blocks;
     pp.block_size = block_size;
     pp.kvh = blockIdx.y;

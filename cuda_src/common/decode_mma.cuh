@@ -109,6 +109,13 @@
 #if KV_MMA_K_HILO && !KV_MMA_K_REGS
 #error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
 #endif
+// -DKVKIT_DECODE_MASK_ALL=1: every tile through the masked softmax (no fully-visible-tile
+// fast path), for tests that compare the two bit for bit.
+#if defined(KVKIT_DECODE_MASK_ALL) && KVKIT_DECODE_MASK_ALL
+#define KVD_MASK_ALL 1
+#else
+#define KVD_MASK_ALL 0
+#endif
 // fp16 queries without a rotation are exact fp16 operands of fp16 keys: no lo part, no row
 // scaling.
 #if KV_IN_DTYPE == 1 && !KV_ROTATE_Q && !KV_MMA_BF16
@@ -655,19 +662,63 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
             // (b) masks, soft-cap, online softmax over the thread's 2 tokens, then over the 8
             // lanes that share c (the warp's 16 tokens).
-            bool ok[2];
+            // The masks (the split's range, pages, causal offsets, window) are all true for
+            // every token of most tiles: a full tile (t0 + TILE <= t_hi) that ends at or before
+            // the first query's causal position (pos >= seq_len - QL for every row; q_len 1
+            // implies it, as t_hi <= seq_len) and, with a window, starts inside the last row's
+            // window (tok > seq_len - 1 - window), and whose 16 tokens of this warp all have a
+            // page. Only other tiles compute the masks (a warp-uniform branch); masking turns
+            // scores into -inf after the same float32 operations, so the tiles the fast path
+            // takes get the same bits either way. (Padding rows r >= R, which a window hides
+            // and the fast path does not, fill only their own mma columns and softmax state and
+            // are never written out; a rescale they trigger multiplies the real rows by 1.)
+            const bool full = !KVD_MASK_ALL && t0 + TILE <= pipe.t_hi &&
+                              (QL == 1 || t0 + (TILE - 1) <= seq_len - QL) &&
+                              (window <= 0 || t0 >= seq_len - window) &&
+                              __all_sync(KV_FULL_MASK, tp[tw0 + (lane & (WT - 1))] >= 0);
             float km[2];
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
-                const int t = tw0 + g + 8 * tt;
-                ok[tt] = t < n_tile && tp[t] >= 0;
 #if KV_HAS_KMUL
                 km[tt] = kv_family_kmul(kr[tt]);
 #else
                 km[tt] = 1.f;
 #endif
             }
-            float p[NR][2][2];  // [nr][j][tt]
+            float p[NR][2][2];  // [nr][j][tt]: logits, then weights
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                    for (int tt = 0; tt < 2; ++tt) {
+                        float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];
+                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
+                        p[nr][j][tt] = x;
+                    }
+                }
+            }
+            bool ok[2] = {true, true};
+            if (!full) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    const int t = tw0 + g + 8 * tt;
+                    ok[tt] = t < n_tile && tp[t] >= 0;
+                }
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                        for (int tt = 0; tt < 2; ++tt) {
+                            const int tok = t0 + tw0 + g + 8 * tt;
+                            const bool vis = ok[tt] && tok <= pos[nr][j] &&
+                                             (window <= 0 || tok > pos[nr][j] - window);
+                            if (!vis) p[nr][j][tt] = kv_neg_inf();
+                        }
+                    }
+                }
+            }
             float alpha[NR][2];
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
@@ -675,16 +726,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int j = 0; j < 2; ++j) {
                     float mx = kv_neg_inf();
 #pragma unroll
-                    for (int tt = 0; tt < 2; ++tt) {
-                        const int tok = t0 + tw0 + g + 8 * tt;
-                        float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];
-                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
-                        const bool vis = ok[tt] && tok <= pos[nr][j] &&
-                                         (window <= 0 || tok > pos[nr][j] - window);
-                        x = vis ? x : kv_neg_inf();
-                        p[nr][j][tt] = x;
-                        mx = fmaxf(mx, x);
-                    }
+                    for (int tt = 0; tt < 2; ++tt) mx = fmaxf(mx, p[nr][j][tt]);
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
                     mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
@@ -773,10 +815,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             }
 #if !KV_MMA_VCODES
             // Values may be NaN in invalid tokens' rows (codes never are): mask when the warp
-            // has any.
+            // has any (a fast-path tile has none).
             unsigned vm[2];
-            kv_v_token_masks(tw0, c, n_tile, tp, vm);
-            const bool v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
+            bool v_mask = false;
+            if (!full) {
+                kv_v_token_masks(tw0, c, n_tile, tp, vm);
+                v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
+            }
 #endif
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) {
@@ -791,15 +836,21 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #else
             const unsigned vaddr = kv_v_operand_tile(pipe, s, tw0, lane, n_tile, tp, vt_s, warp);
 #if KV_MMA_V_DIRECT
+            // As for V_REGS: the masks only where the warp has invalid tokens (all-ones masks
+            // change no bits).
             unsigned vm[2];
-            kv_v_token_masks(tw0, c, n_tile, tp, vm);
+            bool v_mask = false;
+            if (!full) {
+                kv_v_token_masks(tw0, c, n_tile, tp, vm);
+                v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
+            }
 #endif
 #pragma unroll
             for (int mi = 0; mi < MT; ++mi) {
                 unsigned av[4];
                 kv_ldsm_x4_trans(av, vaddr + mi * 32);
 #if KV_MMA_V_DIRECT
-                kv_mask_v_operand(av, vm);
+                if (v_mask) kv_mask_v_operand(av, vm);
 #endif
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }

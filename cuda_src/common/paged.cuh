@@ -28,9 +28,10 @@ __device__ __forceinline__ bool kv_seq_len_ok(int seq_len, int q_len, int max_bl
     return seq_len >= q_len && (long long)seq_len <= (long long)max_blocks * block_size;
 }
 
-// A block-table entry that names a page of the cache.
+// A block-table entry that names a page of the cache (num_blocks >= 0): one unsigned
+// compare, negative entries wrap above num_blocks.
 __device__ __forceinline__ bool kv_page_ok(int page, int num_blocks) {
-    return page >= 0 && page < num_blocks;
+    return (unsigned)page < (unsigned)num_blocks;
 }
 
 // Write kernels: the (token, head) of a row (row = token * H + head) and the (page, offset)

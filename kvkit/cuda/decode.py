@@ -20,7 +20,9 @@ heads and all q_len queries of that KV head, so every cache byte is read once pe
 from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 and G * q_len <= 8 at
 head_dim 256 (every format; ``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise
 (``decode_core.cuh``; ``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides
-the staging budget per CTA, for tuning sweeps). With one split and no sinks stage 1 writes o and lse
+the staging budget per CTA, for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
+the tensor-core stage 1 through the masked softmax, which fully visible tiles skip: tests
+compare the two bit for bit). With one split and no sinks stage 1 writes o and lse
 itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -227,12 +229,13 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
+    mask_all = os.environ.get("KVKIT_DECODE_MASK_ALL", "") == "1"
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb,
+        group, q_len, simt, stage_kb, mask_all,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -245,6 +248,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if stage_kb:
         # The cp.async staging budget per CTA (tuning sweeps; default in decode_core.cuh).
         defines["KVD_STAGE_BUDGET_KB"] = stage_kb
+    if mask_all:
+        # No fully-visible-tile fast path in the tensor-core softmax (bitwise A/B tests).
+        defines["KVKIT_DECODE_MASK_ALL"] = "1"
     func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
     return func, smem, threads, tile

@@ -77,10 +77,10 @@ enqueue_lock = threading.Lock()
 
 
 #: Environment variables that change which kernel a decode or write launches (target,
-#: stage-1 core, staging budget, TurboQuant write rows per warp and launch bounds): part of a
-#: step's key.
-KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_WRITE_TQ_RPW",
-              "KVKIT_WRITE_TQ_MIN_CTAS")  # fmt: skip
+#: stage-1 core, staging budget, the masked-softmax-only test build, TurboQuant write rows per
+#: warp and launch bounds): part of a step's key.
+KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_DECODE_MASK_ALL",
+              "KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS")  # fmt: skip
 
 
 def kernel_choice_env() -> tuple:

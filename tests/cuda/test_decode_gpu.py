@@ -430,6 +430,36 @@ def test_32bit_and_64bit_copy_addresses_agree(cp, name, block_size, group, monke
         assert lse_error(lse32, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
+                                  "turboquant_k8v4", "fp8_e4m3", "fp16", "bf16"])  # fmt: skip
+@pytest.mark.parametrize("group, q_len, window, sinks, softcap, block_size", [
+    (4, 1, None, False, None, 16), (4, 1, 150, True, None, 16), (2, 4, None, False, 30.0, 32),
+    (8, 2, 90, False, None, 128), (4, 4, None, True, None, 64),
+])  # fmt: skip
+def test_visible_tile_fast_path_matches_the_masked_path(
+    cp, name, group, q_len, window, sinks, softcap, block_size, monkeypatch
+):
+    """Fully visible tiles skip the masks in the tensor-core softmax (decode_mma.cuh);
+    KVKIT_DECODE_MASK_ALL=1 sends them through the masked path, whose masks are then all true:
+    the same float32 operations on the same values, so the same bits. Ragged lengths (partial
+    tiles, one page short of a tile), windows and causal q_len > 1 give tiles of both kinds in
+    one launch."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[300, 129, 64, 5], window=window, sinks=sinks, softcap=softcap,
+                seed=group * 100 + q_len + block_size)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_MASK_ALL", raising=False)
+        o_fast, lse_fast = case.run(num_splits)
+        monkeypatch.setenv("KVKIT_DECODE_MASK_ALL", "1")
+        o_mask, lse_mask = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o_fast, o_mask)
+        np.testing.assert_array_equal(lse_fast, lse_mask)
+        assert rel_error(o_fast, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse_fast, ref_lse) <= DECODE_GPU_RTOL
+
+
 # --- index safety ------------------------------------------------------------------------------
 
 
