@@ -204,12 +204,27 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // D = 256 (three or four words).
 #if KV_HEAD_DIM <= 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
+// 3-bit codes in whole 16-bit units (D = 128: 48 bits per lane group) stay one unit per
+// register (kv_tq_vplan below says why); other runs are packed into 32-bit words.
+#define KV_TQ_V_HALVES \
+    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM <= 128 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+#if KV_TQ_V_HALVES
+#define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)
+#else
 #define KV_MMA_VRAW (KV_HEAD_DIM <= 128 ? 2 : (KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 32)
+#endif
 static_assert(TQ_VALUE_OFFSET % 2 == 0, "value codes start 2-byte aligned in the slot");
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
                                              unsigned* raw) {
     constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
-#if KV_HEAD_DIM == 256
+#if KV_TQ_V_HALVES
+    // Even byte offsets (slots and staged rows are 2-byte aligned): one 2-byte load per
+    // register, bits 16 i .. 16 i + 15 of the run in raw[i] (high half zero).
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(
+        rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g);
+#pragma unroll
+    for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
+#elif KV_HEAD_DIM == 256
     // Whole words of codes (VB / 8 bytes per lane group at an even offset): aligned words
     // from the 4-byte boundary below, funnel-shifted down (as kv_mma_kload; a word load per
     // 4 bytes where 2-byte loads would take two). The word past the run stays in the slot
@@ -239,12 +254,93 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     raw[1] = (unsigned)(x >> 32);
 #endif
 }
+#if KV_TQ_V_HALVES
+// 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits
+// t .. t + 15 of token a in its low half and of token b in its high half: one byte permute
+// of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring windows
+// for t % 16 == 8. A code at bit p <= 4 of a window's halves converts straight from it
+// (kv_codes_bf16x2_masked, S = p); a code further up takes the window shifted right by p - 1
+// (one shift for both tokens), which puts it at bit 1 and the next code at bit 4 of the same
+// shifted word, so the next code is free. Window t = 8 floor(3 i / 8) for code i (capped at
+// the last whole window): every code then sits at p <= 7 of its window, and a run of 16 codes
+// (D = 128) takes 5 windows and 6 shifts where per-pair shifts and merges took 24.
+// Returns (t, s, S) for code i: window, right shift, code bit in the shifted halves.
+struct KvTqVPlace {
+    int t, s, S;
+};
+__host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
+    constexpr int LAST = 16 * (KV_MMA_VRAW - 1);  // the last window fully inside the run
+    KvTqVPlace pl{0, 0, 0};
+    bool shifted_prev = false;  // code k - 1 took a shift that also places code k
+    KvTqVPlace prev{0, 0, 0};
+    for (int k = 0; k <= i; ++k) {
+        const int b = 3 * k;
+        if (shifted_prev && b + 3 <= prev.t + 16 && b - prev.t - prev.s <= 4) {
+            pl = KvTqVPlace{prev.t, prev.s, b - prev.t - prev.s};
+            shifted_prev = false;
+            continue;
+        }
+        int t = (b / 8) * 8;
+        if (t > LAST) t = LAST;
+        const int p = b - t;
+        if (p <= 4) {
+            pl = KvTqVPlace{t, 0, p};
+            shifted_prev = false;
+        } else {
+            pl = KvTqVPlace{t, p - 1, 1};
+            shifted_prev = true;
+            prev = pl;
+        }
+    }
+    return pl;
+}
+// Window t of tokens a, b (see kv_tq_vplan).
+template <int T>
+__device__ __forceinline__ unsigned kv_tq_vwin(const unsigned* ra, const unsigned* rb) {
+    static_assert(T % 8 == 0 && T >= 0 && T + 16 <= 16 * KV_MMA_VRAW, "window inside the run");
+    if constexpr (T % 16 == 0) {
+        return __byte_perm(ra[T / 16], rb[T / 16], 0x5410);  // a's unit low, b's unit high
+    } else {
+        // bytes 1 and 3 of window T - 8 (a's and b's run byte T / 8), bytes 0 and 2 of
+        // window T + 8 (run byte T / 8 + 1).
+        return __byte_perm(kv_tq_vwin<T - 8>(ra, rb), kv_tq_vwin<T + 8>(ra, rb), 0x6341);
+    }
+}
+template <int I>
+__device__ __forceinline__ unsigned kv_tq_vcode(const unsigned* ra, const unsigned* rb) {
+    constexpr KvTqVPlace pl = kv_tq_vplan(I);
+    constexpr unsigned MM = 7u * 0x00010001u;
+    const unsigned w = kv_tq_vwin<pl.t>(ra, rb) >> pl.s;
+    return kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, pl.S>(w);
+}
+template <int J>
+__device__ __forceinline__ void kv_tq_vpair_h(const unsigned* ra, const unsigned* rb,
+                                              unsigned* w0, unsigned* w1) {
+    *w0 = kv_tq_vcode<2 * J>(ra, rb);
+    *w1 = kv_tq_vcode<2 * J + 1>(ra, rb);
+}
+#endif
 // Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
 // bf16 of c - KV_MMA_VCODE_OFFSET.
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;
     constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
+#if KV_TQ_V_HALVES
+    (void)MM;
+    // j is a compile-time constant after unrolling; the switch folds to one case.
+    switch (j) {
+    case 0: kv_tq_vpair_h<0>(ra, rb, w0, w1); break;
+    case 1: kv_tq_vpair_h<1>(ra, rb, w0, w1); break;
+    case 2: kv_tq_vpair_h<2>(ra, rb, w0, w1); break;
+    case 3: kv_tq_vpair_h<3>(ra, rb, w0, w1); break;
+    case 4: kv_tq_vpair_h<4>(ra, rb, w0, w1); break;
+    case 5: kv_tq_vpair_h<5>(ra, rb, w0, w1); break;
+    case 6: kv_tq_vpair_h<6>(ra, rb, w0, w1); break;
+    default: kv_tq_vpair_h<7>(ra, rb, w0, w1); break;
+    }
+    static_assert(KV_HEAD_DIM / 16 <= 8, "pairs 0..7");
+#else
     if constexpr (B == 4) {
         // Byte j of each: a's to byte 0, b's to byte 2.
         const int o = j & 3;
@@ -267,6 +363,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
         *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
         *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, B>(e);
     }
+#endif
 }
 #endif
 __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,
