@@ -137,7 +137,19 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 #define KV_MMA_K_REGS 1
 #define KV_MMA_K_HILO 1
 #define KV_TQ_CODES (1 << TQ_KEY_BITS)
+#if TQ_KEY_BITS == 3
+// 3-bit codes: four copies of the table, for a code at bit s = 7, 8, 9 or 10 of the word it
+// is masked from (row stride 2^s bytes; kv_tq_kplan says why). Row c of copy s is the 128-byte
+// unit KV_TQ_UNIT(s) + c 2^(s - 7); the copies interleave without overlap in 65 units:
+// s = 10 on units 0, 8, .., 56, s = 9 on 1, 5, .., 29, s = 8 on 31, 33, .., 45, s = 7 on
+// 57 .. 64.
+#define KV_MMA_TABLE_WORDS (65 * 32)
+__host__ __device__ constexpr int KV_TQ_UNIT(int s) {
+    return s == 10 ? 0 : (s == 9 ? 1 : (s == 8 ? 31 : 57));
+}
+#else
 #define KV_MMA_TABLE_WORDS (KV_TQ_CODES * 64)
+#endif
 #define KV_TQ_KPL (KV_HEAD_DIM / 4)
 #define KV_TQ_RUN_BYTES (KV_TQ_KPL * TQ_KEY_BITS / 8)
 #define KV_TQ_RUN_WORDS ((KV_TQ_RUN_BYTES + 3) / 4)
@@ -154,7 +166,13 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
     for (int k = tid; k < KV_TQ_CODES * 32; k += nthreads) {
         unsigned hi, lo;
         kv_split_f16x2(kv_tq_centroids[k >> 5] * f, 0.f, &hi, &lo);
-        table[(k >> 5) * 64 + (k & 31)] = (hi & 0xFFFFu) | (lo << 16);
+        const unsigned w = (hi & 0xFFFFu) | (lo << 16);
+#if TQ_KEY_BITS == 3
+#pragma unroll
+        for (int s = 7; s <= 10; ++s) table[(KV_TQ_UNIT(s) + ((k >> 5) << (s - 7))) * 32 + (k & 31)] = w;
+#else
+        table[(k >> 5) * 64 + (k & 31)] = w;
+#endif
     }
     return kv_pow2(-e);
 }
@@ -168,7 +186,70 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
                                              unsigned* raw) {
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 }
-// Byte offset in the table of run code E for this lane: code * 256 + 4 lane.
+#if TQ_KEY_BITS == 3
+// 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
+// word holding the code at bit s in {7, .., 10} (a table copy per s, KV_MMA_TABLE_WORDS).
+// A word shifted to put code k at bit 7 also holds code k + 1 at bit 10, so one shift (or
+// funnel shift) serves two codes where a single table (one s) takes a shift per code. Codes
+// already at bits 7..10 of a run word need no shift. kv_tq_kplan(E) replays this choice over
+// codes 0..E and returns code E's word (kind 0: raw[i] >> r, 1: funnel shift of raw[i],
+// raw[i + 1] by r, 2: raw[0] << r) and bit s. tests/cuda/test_tq3_unpack_model.py checks the
+// plan against the spec's bit stream.
+struct KvTqKPlace {
+    int kind, i, r, s;
+};
+__host__ __device__ constexpr bool kv_tq_kfits(KvTqKPlace w, int s) {
+    return w.kind != 0 || w.r + s + 3 <= 32;  // bits s..s + 2 of raw[i] >> r exist
+}
+__host__ __device__ constexpr KvTqKPlace kv_tq_kplan(int E) {
+    KvTqKPlace pl{0, 0, 0, 0};
+    bool have = false;
+    for (int k = 0; k <= E; ++k) {
+        const int b = 3 * k;
+        if (have && pl.s + 3 <= 10 && kv_tq_kfits(pl, pl.s + 3)) {
+            pl.s += 3;  // the previous code's word, 3 bits up
+            continue;
+        }
+        have = true;
+        const int i = b >> 5, p = b & 31;
+        if (p >= 7 && p <= 10 && p + 3 <= 32) {
+            pl = KvTqKPlace{0, i, 0, p};  // straight from the run word
+            continue;
+        }
+        const int t = b - 7;  // the word's bit 0 in the run: code k at bit 7
+        if (t < 0) {
+            pl = KvTqKPlace{2, 0, -t, 7};
+        } else {
+            const int j = t >> 5, r = t & 31;
+            const bool one = r == 0 || r + 13 <= 32 || j + 1 >= KV_TQ_RUN_WORDS;
+            pl = KvTqKPlace{one ? 0 : 1, j, r, 7};
+        }
+    }
+    return pl;
+}
+template <int E>
+__device__ __forceinline__ unsigned kv_tq_code_off_c(const unsigned* raw, unsigned lb) {
+    constexpr KvTqKPlace pl = kv_tq_kplan(E);
+    static_assert(pl.kind != 0 || pl.r + pl.s + 3 <= 32, "code inside the word");
+    unsigned y;
+    if constexpr (pl.kind == 0)
+        y = raw[pl.i] >> pl.r;
+    else if constexpr (pl.kind == 1)
+        y = __funnelshift_r(raw[pl.i], raw[pl.i + 1], pl.r);
+    else
+        y = raw[0] << pl.r;
+    return KV_TQ_UNIT(pl.s) * 128u + ((y & (7u << pl.s)) | lb);
+}
+// E is a constant after the k-step loop's unrolling: the chain folds to one case.
+template <int E = 0>
+__device__ __forceinline__ unsigned kv_tq_code_off3(const unsigned* raw, int e, unsigned lb) {
+    if constexpr (E + 1 < KV_TQ_KPL) {
+        if (e != E) return kv_tq_code_off3<E + 1>(raw, e, lb);
+    }
+    return kv_tq_code_off_c<E>(raw, lb);
+}
+#endif
+// Byte offset in the table of run code E for this lane: code * 256 + 4 lane (4-bit codes).
 __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, unsigned lb) {
     constexpr int B = TQ_KEY_BITS;
     if constexpr (B == 4) {
@@ -176,6 +257,9 @@ __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, u
         const unsigned x = (E & 1) ? ((w >> 4) & 0x0F0F0F0Fu) : (w & 0x0F0F0F0Fu);
         return __byte_perm(x, lb, 0x7604u | ((unsigned)((E & 7) >> 1) << 4));
     } else {
+#if TQ_KEY_BITS == 3
+        return kv_tq_code_off3(raw, E, lb);
+#else
         const int bit = E * B;
         const int i = bit >> 5;
         const int sh = bit & 31;
@@ -186,6 +270,7 @@ __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, u
             x = __funnelshift_r(raw[i], raw[i + 1], sh - 8);
         }
         return (x & (((1u << B) - 1u) << 8)) | lb;
+#endif
     }
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned* table,
@@ -372,6 +457,16 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
     *sc = s;
     *z = fmaf((float)KV_MMA_VCODE_OFFSET, s, kv_dc_f16_at(rows[0] + TQ_VALUE_ZERO_OFFSET));
 }
+
+// 3-bit MSE keys' four table copies take 6 KB more shared memory than one (kv_tq_kplan). At
+// D = 128 with <= 8 query rows (the tensor-core core at four CTAs per SM) a 3bit_nc CTA then
+// needs three 7 KB stages instead of four to stay under a quarter of an SM (~56 KB): a 27 KB
+// budget (the default is 28) gives three, as 4bit_nc and k3v4_nc have (their stages are
+// 9 KB). A launcher budget (sweeps) still wins.
+#if !TQ_KEY_FP8 && TQ_KEY_BITS == 3 && KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN <= 8 && \
+    !defined(KVD_STAGE_BUDGET_KB) && !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
+#define KVD_STAGE_BUDGET_KB 27
+#endif
 
 #include "common/decode_core.cuh"
 
