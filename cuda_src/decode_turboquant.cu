@@ -133,18 +133,19 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // code, 256 bytes apart: word (code, lane) = {hi, lo} fp16 of the centroid times 2^e, so
 // lane l reads bank l whatever the code (no bank conflicts; the pair table's random indices
 // cost ~3 wavefronts per load), and the byte offset code * 256 + 4 l is one byte permute
-// of the code into byte 1 over 4 l (4-bit codes) or one shift and mask (3-bit).
+// of the code into byte 1 over 4 l (4-bit codes). 3-bit codes: rows 2^s bytes apart in four
+// copies (s = 7..10), one mask per code (below).
 #define KV_MMA_K_REGS 1
 #define KV_MMA_K_HILO 1
 #define KV_TQ_CODES (1 << TQ_KEY_BITS)
 #if TQ_KEY_BITS == 3
 // 3-bit codes: four copies of the table, for a code at bit s = 7, 8, 9 or 10 of the word it
 // is masked from (row stride 2^s bytes; kv_tq_kplan says why). Row c of copy s is the 128-byte
-// unit KV_TQ_UNIT(s) + c 2^(s - 7); the copies interleave without overlap in 65 units:
+// unit kv_tq_unit(s) + c 2^(s - 7); the copies interleave without overlap in 65 units:
 // s = 10 on units 0, 8, .., 56, s = 9 on 1, 5, .., 29, s = 8 on 31, 33, .., 45, s = 7 on
 // 57 .. 64.
 #define KV_MMA_TABLE_WORDS (65 * 32)
-__host__ __device__ constexpr int KV_TQ_UNIT(int s) {
+__host__ __device__ constexpr int kv_tq_unit(int s) {
     return s == 10 ? 0 : (s == 9 ? 1 : (s == 8 ? 31 : 57));
 }
 #else
@@ -169,7 +170,8 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
         const unsigned w = (hi & 0xFFFFu) | (lo << 16);
 #if TQ_KEY_BITS == 3
 #pragma unroll
-        for (int s = 7; s <= 10; ++s) table[(KV_TQ_UNIT(s) + ((k >> 5) << (s - 7))) * 32 + (k & 31)] = w;
+        for (int s = 7; s <= 10; ++s)
+            table[(kv_tq_unit(s) + ((k >> 5) << (s - 7))) * 32 + (k & 31)] = w;
 #else
         table[(k >> 5) * 64 + (k & 31)] = w;
 #endif
@@ -238,7 +240,7 @@ __device__ __forceinline__ unsigned kv_tq_code_off_c(const unsigned* raw, unsign
         y = __funnelshift_r(raw[pl.i], raw[pl.i + 1], pl.r);
     else
         y = raw[0] << pl.r;
-    return KV_TQ_UNIT(pl.s) * 128u + ((y & (7u << pl.s)) | lb);
+    return kv_tq_unit(pl.s) * 128u + ((y & (7u << pl.s)) | lb);
 }
 // E is a constant after the k-step loop's unrolling: the chain folds to one case.
 template <int E = 0>
