@@ -133,11 +133,24 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // code, 256 bytes apart: word (code, lane) = {hi, lo} fp16 of the centroid times 2^e, so
 // lane l reads bank l whatever the code (no bank conflicts; the pair table's random indices
 // cost ~3 wavefronts per load), and the byte offset code * 256 + 4 l is one byte permute
-// of the code into byte 1 over 4 l (4-bit codes) or one shift and mask (3-bit).
+// of the code into byte 1 over 4 l (4-bit codes). 3-bit codes: rows 2^s bytes apart in four
+// copies (s = 7..10), one mask per code (below).
 #define KV_MMA_K_REGS 1
 #define KV_MMA_K_HILO 1
 #define KV_TQ_CODES (1 << TQ_KEY_BITS)
+#if TQ_KEY_BITS == 3
+// 3-bit codes: four copies of the table, for a code at bit s = 7, 8, 9 or 10 of the word it
+// is masked from (row stride 2^s bytes; kv_tq_kplan says why). Row c of copy s is the 128-byte
+// unit kv_tq_unit(s) + c 2^(s - 7); the copies interleave without overlap in 65 units:
+// s = 10 on units 0, 8, .., 56, s = 9 on 1, 5, .., 29, s = 8 on 31, 33, .., 45, s = 7 on
+// 57 .. 64.
+#define KV_MMA_TABLE_WORDS (65 * 32)
+__host__ __device__ constexpr int kv_tq_unit(int s) {
+    return s == 10 ? 0 : (s == 9 ? 1 : (s == 8 ? 31 : 57));
+}
+#else
 #define KV_MMA_TABLE_WORDS (KV_TQ_CODES * 64)
+#endif
 #define KV_TQ_KPL (KV_HEAD_DIM / 4)
 #define KV_TQ_RUN_BYTES (KV_TQ_KPL * TQ_KEY_BITS / 8)
 #define KV_TQ_RUN_WORDS ((KV_TQ_RUN_BYTES + 3) / 4)
@@ -154,7 +167,14 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
     for (int k = tid; k < KV_TQ_CODES * 32; k += nthreads) {
         unsigned hi, lo;
         kv_split_f16x2(kv_tq_centroids[k >> 5] * f, 0.f, &hi, &lo);
-        table[(k >> 5) * 64 + (k & 31)] = (hi & 0xFFFFu) | (lo << 16);
+        const unsigned w = (hi & 0xFFFFu) | (lo << 16);
+#if TQ_KEY_BITS == 3
+#pragma unroll
+        for (int s = 7; s <= 10; ++s)
+            table[(kv_tq_unit(s) + ((k >> 5) << (s - 7))) * 32 + (k & 31)] = w;
+#else
+        table[(k >> 5) * 64 + (k & 31)] = w;
+#endif
     }
     return kv_pow2(-e);
 }
@@ -168,7 +188,70 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
                                              unsigned* raw) {
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 }
-// Byte offset in the table of run code E for this lane: code * 256 + 4 lane.
+#if TQ_KEY_BITS == 3
+// 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
+// word holding the code at bit s in {7, .., 10} (a table copy per s, KV_MMA_TABLE_WORDS).
+// A word shifted to put code k at bit 7 also holds code k + 1 at bit 10, so one shift (or
+// funnel shift) serves two codes where a single table (one s) takes a shift per code. Codes
+// already at bits 7..10 of a run word need no shift. kv_tq_kplan(E) replays this choice over
+// codes 0..E and returns code E's word (kind 0: raw[i] >> r, 1: funnel shift of raw[i],
+// raw[i + 1] by r, 2: raw[0] << r) and bit s. tests/cuda/test_tq3_unpack_model.py checks the
+// plan against the spec's bit stream.
+struct KvTqKPlace {
+    int kind, i, r, s;
+};
+__host__ __device__ constexpr bool kv_tq_kfits(KvTqKPlace w, int s) {
+    return w.kind != 0 || w.r + s + 3 <= 32;  // bits s..s + 2 of raw[i] >> r exist
+}
+__host__ __device__ constexpr KvTqKPlace kv_tq_kplan(int E) {
+    KvTqKPlace pl{0, 0, 0, 0};
+    bool have = false;
+    for (int k = 0; k <= E; ++k) {
+        const int b = 3 * k;
+        if (have && pl.s + 3 <= 10 && kv_tq_kfits(pl, pl.s + 3)) {
+            pl.s += 3;  // the previous code's word, 3 bits up
+            continue;
+        }
+        have = true;
+        const int i = b >> 5, p = b & 31;
+        if (p >= 7 && p <= 10 && p + 3 <= 32) {
+            pl = KvTqKPlace{0, i, 0, p};  // straight from the run word
+            continue;
+        }
+        const int t = b - 7;  // the word's bit 0 in the run: code k at bit 7
+        if (t < 0) {
+            pl = KvTqKPlace{2, 0, -t, 7};
+        } else {
+            const int j = t >> 5, r = t & 31;
+            const bool one = r == 0 || r + 13 <= 32 || j + 1 >= KV_TQ_RUN_WORDS;
+            pl = KvTqKPlace{one ? 0 : 1, j, r, 7};
+        }
+    }
+    return pl;
+}
+template <int E>
+__device__ __forceinline__ unsigned kv_tq_code_off_c(const unsigned* raw, unsigned lb) {
+    constexpr KvTqKPlace pl = kv_tq_kplan(E);
+    static_assert(pl.kind != 0 || pl.r + pl.s + 3 <= 32, "code inside the word");
+    unsigned y;
+    if constexpr (pl.kind == 0)
+        y = raw[pl.i] >> pl.r;
+    else if constexpr (pl.kind == 1)
+        y = __funnelshift_r(raw[pl.i], raw[pl.i + 1], pl.r);
+    else
+        y = raw[0] << pl.r;
+    return kv_tq_unit(pl.s) * 128u + ((y & (7u << pl.s)) | lb);
+}
+// E is a constant after the k-step loop's unrolling: the chain folds to one case.
+template <int E = 0>
+__device__ __forceinline__ unsigned kv_tq_code_off3(const unsigned* raw, int e, unsigned lb) {
+    if constexpr (E + 1 < KV_TQ_KPL) {
+        if (e != E) return kv_tq_code_off3<E + 1>(raw, e, lb);
+    }
+    return kv_tq_code_off_c<E>(raw, lb);
+}
+#endif
+// Byte offset in the table of run code E for this lane: code * 256 + 4 lane (4-bit codes).
 __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, unsigned lb) {
     constexpr int B = TQ_KEY_BITS;
     if constexpr (B == 4) {
@@ -176,6 +259,9 @@ __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, u
         const unsigned x = (E & 1) ? ((w >> 4) & 0x0F0F0F0Fu) : (w & 0x0F0F0F0Fu);
         return __byte_perm(x, lb, 0x7604u | ((unsigned)((E & 7) >> 1) << 4));
     } else {
+#if TQ_KEY_BITS == 3
+        return kv_tq_code_off3(raw, E, lb);
+#else
         const int bit = E * B;
         const int i = bit >> 5;
         const int sh = bit & 31;
@@ -186,6 +272,7 @@ __device__ __forceinline__ unsigned kv_tq_code_off(const unsigned* raw, int E, u
             x = __funnelshift_r(raw[i], raw[i + 1], sh - 8);
         }
         return (x & (((1u << B) - 1u) << 8)) | lb;
+#endif
     }
 }
 __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const unsigned* table,
@@ -204,12 +291,27 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // D = 256 (three or four words).
 #if KV_HEAD_DIM <= 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
+// 3-bit codes in whole 16-bit units (D = 128: 48 bits per lane group) stay one unit per
+// register (kv_tq_vplan below says why); other runs are packed into 32-bit words.
+#define KV_TQ_V_HALVES \
+    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM <= 128 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+#if KV_TQ_V_HALVES
+#define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)
+#else
 #define KV_MMA_VRAW (KV_HEAD_DIM <= 128 ? 2 : (KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 32)
+#endif
 static_assert(TQ_VALUE_OFFSET % 2 == 0, "value codes start 2-byte aligned in the slot");
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
                                              unsigned* raw) {
     constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
-#if KV_HEAD_DIM == 256
+#if KV_TQ_V_HALVES
+    // Even byte offsets (slots and staged rows are 2-byte aligned): one 2-byte load per
+    // register, bits 16 i .. 16 i + 15 of the run in raw[i] (high half zero).
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(
+        rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g);
+#pragma unroll
+    for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
+#elif KV_HEAD_DIM == 256
     // Whole words of codes (VB / 8 bytes per lane group at an even offset): aligned words
     // from the 4-byte boundary below, funnel-shifted down (as kv_mma_kload; a word load per
     // 4 bytes where 2-byte loads would take two). The word past the run stays in the slot
@@ -239,12 +341,93 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     raw[1] = (unsigned)(x >> 32);
 #endif
 }
+#if KV_TQ_V_HALVES
+// 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits
+// t .. t + 15 of token a in its low half and of token b in its high half: one byte permute
+// of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring windows
+// for t % 16 == 8. A code at bit p <= 4 of a window's halves converts straight from it
+// (kv_codes_bf16x2_masked, S = p); a code further up takes the window shifted right by p - 1
+// (one shift for both tokens), which puts it at bit 1 and the next code at bit 4 of the same
+// shifted word, so the next code is free. Window t = 8 floor(3 i / 8) for code i (capped at
+// the last whole window): every code then sits at p <= 7 of its window, and a run of 16 codes
+// (D = 128) takes 5 windows and 6 shifts where per-pair shifts and merges took 24.
+// Returns (t, s, S) for code i: window, right shift, code bit in the shifted halves.
+struct KvTqVPlace {
+    int t, s, S;
+};
+__host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
+    constexpr int LAST = 16 * (KV_MMA_VRAW - 1);  // the last window fully inside the run
+    KvTqVPlace pl{0, 0, 0};
+    bool shifted_prev = false;  // code k - 1 took a shift that also places code k
+    KvTqVPlace prev{0, 0, 0};
+    for (int k = 0; k <= i; ++k) {
+        const int b = 3 * k;
+        if (shifted_prev && b + 3 <= prev.t + 16 && b - prev.t - prev.s <= 4) {
+            pl = KvTqVPlace{prev.t, prev.s, b - prev.t - prev.s};
+            shifted_prev = false;
+            continue;
+        }
+        int t = (b / 8) * 8;
+        if (t > LAST) t = LAST;
+        const int p = b - t;
+        if (p <= 4) {
+            pl = KvTqVPlace{t, 0, p};
+            shifted_prev = false;
+        } else {
+            pl = KvTqVPlace{t, p - 1, 1};
+            shifted_prev = true;
+            prev = pl;
+        }
+    }
+    return pl;
+}
+// Window t of tokens a, b (see kv_tq_vplan).
+template <int T>
+__device__ __forceinline__ unsigned kv_tq_vwin(const unsigned* ra, const unsigned* rb) {
+    static_assert(T % 8 == 0 && T >= 0 && T + 16 <= 16 * KV_MMA_VRAW, "window inside the run");
+    if constexpr (T % 16 == 0) {
+        return __byte_perm(ra[T / 16], rb[T / 16], 0x5410);  // a's unit low, b's unit high
+    } else {
+        // bytes 1 and 3 of window T - 8 (a's and b's run byte T / 8), bytes 0 and 2 of
+        // window T + 8 (run byte T / 8 + 1).
+        return __byte_perm(kv_tq_vwin<T - 8>(ra, rb), kv_tq_vwin<T + 8>(ra, rb), 0x6341);
+    }
+}
+template <int I>
+__device__ __forceinline__ unsigned kv_tq_vcode(const unsigned* ra, const unsigned* rb) {
+    constexpr KvTqVPlace pl = kv_tq_vplan(I);
+    constexpr unsigned MM = 7u * 0x00010001u;
+    const unsigned w = kv_tq_vwin<pl.t>(ra, rb) >> pl.s;
+    return kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, pl.S>(w);
+}
+template <int J>
+__device__ __forceinline__ void kv_tq_vpair_h(const unsigned* ra, const unsigned* rb,
+                                              unsigned* w0, unsigned* w1) {
+    *w0 = kv_tq_vcode<2 * J>(ra, rb);
+    *w1 = kv_tq_vcode<2 * J + 1>(ra, rb);
+}
+#endif
 // Codes 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
 // bf16 of c - KV_MMA_VCODE_OFFSET.
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;
     constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
+#if KV_TQ_V_HALVES
+    (void)MM;
+    // j is a compile-time constant after unrolling; the switch folds to one case.
+    switch (j) {
+    case 0: kv_tq_vpair_h<0>(ra, rb, w0, w1); break;
+    case 1: kv_tq_vpair_h<1>(ra, rb, w0, w1); break;
+    case 2: kv_tq_vpair_h<2>(ra, rb, w0, w1); break;
+    case 3: kv_tq_vpair_h<3>(ra, rb, w0, w1); break;
+    case 4: kv_tq_vpair_h<4>(ra, rb, w0, w1); break;
+    case 5: kv_tq_vpair_h<5>(ra, rb, w0, w1); break;
+    case 6: kv_tq_vpair_h<6>(ra, rb, w0, w1); break;
+    default: kv_tq_vpair_h<7>(ra, rb, w0, w1); break;
+    }
+    static_assert(KV_HEAD_DIM / 16 <= 8, "pairs 0..7");
+#else
     if constexpr (B == 4) {
         // Byte j of each: a's to byte 0, b's to byte 2.
         const int o = j & 3;
@@ -267,6 +450,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
         *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
         *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, B>(e);
     }
+#endif
 }
 #endif
 __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, float* sc,
@@ -275,6 +459,16 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
     *sc = s;
     *z = fmaf((float)KV_MMA_VCODE_OFFSET, s, kv_dc_f16_at(rows[0] + TQ_VALUE_ZERO_OFFSET));
 }
+
+// 3-bit MSE keys' four table copies take 6 KB more shared memory than one (kv_tq_kplan). At
+// D = 128 with <= 8 query rows (the tensor-core core at four CTAs per SM) a 3bit_nc CTA then
+// needs three 7 KB stages instead of four to stay under a quarter of an SM (~56 KB): a 27 KB
+// budget (the default is 28) gives three, as 4bit_nc and k3v4_nc have (their stages are
+// 9 KB). A launcher budget (sweeps) still wins.
+#if !TQ_KEY_FP8 && TQ_KEY_BITS == 3 && KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN <= 8 && \
+    !defined(KVD_STAGE_BUDGET_KB) && !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
+#define KVD_STAGE_BUDGET_KB 27
+#endif
 
 #include "common/decode_core.cuh"
 
