@@ -31,17 +31,22 @@
 #define KV_WRITE_NVFP4_THREADS 128
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
 
-// One candidate: codes packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7); returns sf code.
-// finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN and the
-// encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare: the
-// general encoder, per thread).
-__device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16], float amax, bool finite, float target,
-                                                           float g, unsigned int (&w)[2], float& sfv) {
-    unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
+// One candidate's scale: sf code (returned), its value sfv and inv = 1 / (sfv g) (0 when the
+// denominator is 0; NaN den gives NaN, as the CPU).
+__device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target, float g, float& sfv, float& inv) {
+    const unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
     sfv = kv_e4m3_decode_pos(sfc);  // sfc <= 0x7F: amax >= 0 or NaN
-    float den = __fmul_rn(sfv, g);
-    float inv = 0.0f;
-    if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den); NaN den gives NaN, as the CPU
+    const float den = __fmul_rn(sfv, g);
+    inv = 0.0f;
+    if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den)
+    return sfc;
+}
+
+// One candidate's codes, packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7), by the general
+// encoders. finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN
+// and the encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare:
+// the general encoder, per thread).
+__device__ __forceinline__ void kv_nvfp4_codes(const float (&x)[16], bool finite, float inv, unsigned int (&w)[2]) {
     w[0] = 0u;
     w[1] = 0u;
     if (finite && fabsf(inv) < __uint_as_float(0x7F800000u)) {
@@ -57,7 +62,6 @@ __device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16],
             w[j >> 2] |= b << (8 * (j & 3));
         }
     }
-    return sfc;
 }
 
 __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const unsigned int (&w)[2], float sfv,
@@ -73,8 +77,89 @@ __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const u
     return err;
 }
 
-__device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], float g, unsigned char* data,
-                                                      unsigned char* sf) {
+__device__ __forceinline__ unsigned int kv_prmt(unsigned int a, unsigned int b, unsigned int sel) {
+    // prmt.b32 (default mode): a selector nibble with bit 3 set replicates the selected byte's
+    // top bit over the result byte (__byte_perm ignores that bit).
+    unsigned int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+#if !KVKIT_HW_FP4
+// The sign bits of elements 8h..8h+7 at the NVFP4 code positions (bit 3 of each nibble), from
+// the raw input words: sign-replicating byte permutes gather the even elements' signs into
+// the bytes of e and the odd ones' into o (0x00 / 0xFF bytes); byte j of the result takes bit 3
+// from e and bit 7 from o. Six instructions for eight elements where a shift and a mask per
+// element took sixteen. The sign of x * inv is that of x (inv is +0 or positive).
+template <int DT>
+__device__ __forceinline__ unsigned int kv_nvfp4_signs(const unsigned int (&w)[KvInputWords<DT, 16>::n], int h) {
+    unsigned int e, o;
+    if constexpr (DT == 0) {
+        // float32 words: the sign is the top bit of byte 3 of word i (element i)
+        const int b = 8 * h;
+        const unsigned int e0 = kv_prmt(w[b + 0], w[b + 2], 0xFFFBu);  // [s0, s2, ..]
+        const unsigned int e1 = kv_prmt(w[b + 4], w[b + 6], 0xFFFBu);  // [s4, s6, ..]
+        const unsigned int o0 = kv_prmt(w[b + 1], w[b + 3], 0xFFFBu);  // [s1, s3, ..]
+        const unsigned int o1 = kv_prmt(w[b + 5], w[b + 7], 0xFFFBu);  // [s5, s7, ..]
+        e = kv_prmt(e0, e1, 0x5410u);
+        o = kv_prmt(o0, o1, 0x5410u);
+    } else {
+        // 16-bit words: element 2j's sign tops byte 1 of word j, element 2j + 1's byte 3.
+        const int b = 4 * h;
+        const unsigned int a = kv_prmt(w[b + 0], w[b + 1], 0xFBD9u);  // [s0, s2, s1, s3]
+        const unsigned int c = kv_prmt(w[b + 2], w[b + 3], 0xFBD9u);  // [s4, s6, s5, s7]
+        e = kv_prmt(a, c, 0x5410u);                                    // [s0, s2, s4, s6]
+        o = kv_prmt(a, c, 0x7632u);                                    // [s1, s3, s5, s7]
+    }
+    return ((e & 0x0F0F0F0Fu) | (o & 0xF0F0F0F0u)) & 0x88888888u;
+}
+
+// The fast candidates (every |x_i * inv[c]| < 7, none NaN: see kv_e2m1_magic): magnitude
+// codes packed as 8 bytes per candidate (pairs by one shift-add each, bytes gathered by
+// permutes: the code is the low byte of the magic sum). With C = 2 (4over6) also each
+// candidate's squared error in the spec's order, d_i = x_i - (e2m1(q_i) * sfv) * g, from |x_i|
+// and the magnitude (the same d_i up to sign: the code's sign is x_i's and IEEE arithmetic is
+// symmetric under negation, so d_i * d_i is the same). Both candidates in one pass over the
+// elements, so only the packed pairs stay live.
+template <int C>
+__device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const float (&inv)[C], const float (&sfv)[C],
+                                                    float g, unsigned int (&w)[C][2], float (&err)[C]) {
+    unsigned int pair[C][8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            unsigned int s[2];
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const int i = 2 * j + t;
+                const KvE2m1Magic r = kv_e2m1_magic(__fmul_rn(x[i], inv[c]));
+                s[t] = r.s;
+                if (C > 1) {
+                    const float v = __fsub_rn(__uint_as_float(r.s), r.magic);  // exact: the magnitude
+                    const float d = __fsub_rn(fabsf(x[i]), __fmul_rn(__fmul_rn(v, sfv[c]), g));
+                    const float dd = __fmul_rn(d, d);
+                    err[c] = i == 0 ? dd : __fadd_rn(err[c], dd);
+                }
+            }
+            pair[c][j] = s[0] + (s[1] << 4);  // low byte: both codes (bits 8..21 of each s are zero)
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned int lo = kv_prmt(pair[c][4 * h], pair[c][4 * h + 1], 0x0040u);
+            const unsigned int hi = kv_prmt(pair[c][4 * h + 2], pair[c][4 * h + 3], 0x0040u);
+            w[c][h] = kv_prmt(lo, hi, 0x5410u);
+        }
+    }
+}
+#endif
+
+template <int DT>
+__device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], const unsigned int (&raw)[KvInputWords<DT, 16>::n],
+                                                      float g, unsigned char* data, unsigned char* sf) {
     // amax with NaN propagating (max.NaN, the same cost): finite means no NaN or inf input;
     // otherwise the spec's NaN-ignoring fold again (rare).
     float amax = fabsf(x[0]);
@@ -87,20 +172,56 @@ __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], floa
         for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
     }
     unsigned int w[2];
-    float sfv;
-    unsigned int sfc = kv_nvfp4_candidate(x, amax, finite, 6.0f, g, w, sfv);
+    float sfv, inv;
+    unsigned int sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, inv);
 #if KV_NVFP4_FOUR_OVER_SIX
-    {
+    float sfv4, inv4;
+    const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, inv4);
+#endif
+    bool done = false;
+#if !KVKIT_HW_FP4
+    // Fast block: RN(amax * inv) < 7 bounds every |x_i * inv| (RN is monotonic) and fails for
+    // a NaN or infinite amax or inv. Otherwise (rare: saturated or subnormal scales, non-finite
+    // inputs) the general encoders below.
+    bool fast = __fmul_rn(amax, inv) < 7.0f;
+#if KV_NVFP4_FOUR_OVER_SIX
+    fast = fast && __fmul_rn(amax, inv4) < 7.0f;
+#endif
+    if (fast) {
+#if KV_NVFP4_FOUR_OVER_SIX
+        const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4};
+        unsigned int wc[2][2];
+        float err[2];
+        kv_nvfp4_fast_codes<2>(x, invs, sfvs, g, wc, err);
+        const bool four = err[1] < err[0];  // ties keep 6
+        sfc = four ? sfc4 : sfc;
+        w[0] = four ? wc[1][0] : wc[0][0];
+        w[1] = four ? wc[1][1] : wc[0][1];
+#else
+        const float invs[1] = {inv}, sfvs[1] = {sfv};
+        unsigned int wc[1][2];
+        float err[1];
+        kv_nvfp4_fast_codes<1>(x, invs, sfvs, g, wc, err);
+        w[0] = wc[0][0];
+        w[1] = wc[0][1];
+#endif
+        w[0] |= kv_nvfp4_signs<DT>(raw, 0);
+        w[1] |= kv_nvfp4_signs<DT>(raw, 1);
+        done = true;
+    }
+#endif
+    if (!done) {
+        kv_nvfp4_codes(x, finite, inv, w);
+#if KV_NVFP4_FOUR_OVER_SIX
         unsigned int w4[2];
-        float sfv4;
-        unsigned int sfc4 = kv_nvfp4_candidate(x, amax, finite, 4.0f, g, w4, sfv4);
+        kv_nvfp4_codes(x, finite, inv4, w4);
         if (kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w, sfv, g)) {  // ties keep 6
             sfc = sfc4;
             w[0] = w4[0];
             w[1] = w4[1];
         }
-    }
 #endif
+    }
     if ((reinterpret_cast<unsigned long long>(data) & 7ull) == 0) {
         *reinterpret_cast<uint2*>(data) = make_uint2(w[0], w[1]);
     } else {
@@ -158,13 +279,14 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_wr
     unsigned int kw[KvInputWords<KV_IN_DTYPE, 16>::n], vw[KvInputWords<KV_IN_DTYPE, 16>::n];
     kv_load_input_words<KV_IN_DTYPE, 16>(k, src, kw);
     kv_load_input_words<KV_IN_DTYPE, 16>(v, src, vw);
+    // NaN payloads never reach an NVFP4 byte (E2M1 has no NaN): the bare widening.
     float x[16];
-    kv_widen_input_words<KV_IN_DTYPE, 16>(kw, x);
-    kv_nvfp4_encode_block(x, k_scale,
+    kv_widen_input_words<KV_IN_DTYPE, 16, false>(kw, x);
+    kv_nvfp4_encode_block<KV_IN_DTYPE>(x, kw, k_scale,
                           k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
                           k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
-    kv_widen_input_words<KV_IN_DTYPE, 16>(vw, x);
-    kv_nvfp4_encode_block(x, v_scale,
+    kv_widen_input_words<KV_IN_DTYPE, 16, false>(vw, x);
+    kv_nvfp4_encode_block<KV_IN_DTYPE>(x, vw, v_scale,
                           v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
                           v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);
 }
