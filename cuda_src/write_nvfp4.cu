@@ -24,11 +24,20 @@
 #error "the kernel's register layout assumes 16-element scale blocks"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
-// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
+// __launch_bounds__(.., KV_WRITE_NVFP4_MIN_CTAS): nvfp4 takes 1 (no register cap: without the
+// minimum-blocks hint ptxas for some targets (sm_86, sm_120a) capped registers for occupancy
+// and spilled a few bytes; it needs 56..72 registers). nvfp4_4over6 takes 6: uncapped, ptxas
+// spends 128 registers on the two fused fast candidates (16 warps per SM); capped at 80 (6
+// CTAs, 24 warps per SM, the occupancy of the kernel before the fast path) no target spills
+// and the fast path's sm_90 instruction count does not grow.
 // 128 threads: one block scale per thread keeps ~50 registers live (16 inputs, 2 candidates);
 // small CTAs spread short writes (a few tokens) over more SMs.
 #define KV_WRITE_NVFP4_THREADS 128
+#if KV_NVFP4_FOUR_OVER_SIX
+#define KV_WRITE_NVFP4_MIN_CTAS 6
+#else
+#define KV_WRITE_NVFP4_MIN_CTAS 1
+#endif
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
 
 // One candidate's scale: sf code (returned), its value sfv and inv = 1 / (sfv g) (0 when the
@@ -231,7 +240,7 @@ __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], cons
     *sf = (unsigned char)sfc;
 }
 
-extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_write_nvfp4(
+extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_MIN_CTAS) void kvkit_write_nvfp4(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
