@@ -266,7 +266,9 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     long long vs_stride_token,                   // bytes
     float k_scale,                               // () per-layer K global scale g
     float v_scale,                               // () per-layer V global scale g
-    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+    int* __restrict__ error_flag,                // (1,) bit 1: a slot >= capacity
+    unsigned int heads_m, int heads_s1, int heads_s2,  // kv_udiv_magic numbers of n_heads
+    unsigned int bs_m, int bs_s1, int bs_s2)           // ... and of block_size
 {
     long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (gid >= n_tokens * n_heads * KV_NVFP4_BLOCKS) return;
@@ -275,14 +277,26 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
     long long t, blk, off;
     int h;
-    kv_row_token_head(row, n_heads, narrow, &t, &h);
+    if (narrow) {
+        const unsigned int r = (unsigned int)row, tt = kv_udiv_magic(r, heads_m, heads_s1, heads_s2);
+        t = tt;
+        h = (int)(r - tt * (unsigned int)n_heads);
+    } else {
+        kv_row_token_head(row, n_heads, false, &t, &h);
+    }
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && b == 0) atomicOr(error_flag, 1);
         return;
     }
-    kv_slot_page(slot, block_size, narrow, &blk, &off);
+    if (narrow) {
+        const unsigned int sl = (unsigned int)slot, pg = kv_udiv_magic(sl, bs_m, bs_s1, bs_s2);
+        blk = pg;
+        off = sl - pg * (unsigned int)block_size;
+    } else {
+        kv_slot_page(slot, block_size, false, &blk, &off);
+    }
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
     // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
     unsigned int kw[KvInputWords<KV_IN_DTYPE, 16>::n], vw[KvInputWords<KV_IN_DTYPE, 16>::n];
