@@ -51,6 +51,28 @@ __device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target,
     return sfc;
 }
 
+// kv_nvfp4_scale for the fast block test (g > 0, so q = amax / (target g) is >= +0 or NaN):
+// with the hardware conversion the sf code is cvt(q) itself (no sign or NaN fix-ups: q >= +0,
+// and a NaN q, from a NaN amax or g, fails the fast test through inv anyway; & 0x7F keeps any
+// NaN code off the decode's shift), and sfv the shifted code scaled (the code is not 0x7F for a
+// non-NaN q). The same sfc, sfv and inv as kv_nvfp4_scale for every non-NaN q >= +0.
+__device__ __forceinline__ unsigned int kv_nvfp4_scale_fast(float amax, float target, float g, float& sfv,
+                                                            float& inv) {
+#if KVKIT_HW_FP8
+    const float q = __fdiv_rn(amax, __fmul_rn(target, g));
+    unsigned int r;  // byte 0: cvt(q); byte 1: cvt(0) = 0
+    asm("{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\n\tcvt.u32.u16 %0, t;\n\t}" : "=r"(r) : "f"(0.0f), "f"(q));
+    const unsigned int sfc = r & 0x7Fu;
+    sfv = __fmul_rn(__uint_as_float(sfc << 20), 1.329227995784915873e36f);  // 2^120: kv_e4m3_decode_pos
+    const float den = __fmul_rn(sfv, g);
+    inv = 0.0f;
+    if (den != 0.0f) inv = __frcp_rn(den);
+    return sfc;
+#else
+    return kv_nvfp4_scale(amax, target, g, sfv, inv);
+#endif
+}
+
 // One candidate's codes, packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7), by the general
 // encoders. finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN
 // and the encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare:
@@ -169,59 +191,67 @@ __device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const 
 template <int DT>
 __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], const unsigned int (&raw)[KvInputWords<DT, 16>::n],
                                                       float g, unsigned char* data, unsigned char* sf) {
-    // amax with NaN propagating (max.NaN, the same cost): finite means no NaN or inf input;
-    // otherwise the spec's NaN-ignoring fold again (rare).
+    // amax with NaN propagating (max.NaN, the same cost): it equals the spec's NaN-ignoring fold
+    // unless an input is NaN, and then it is NaN, which fails the fast test below.
     float amax = fabsf(x[0]);
 #pragma unroll
     for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %1, %2;" : "=f"(amax) : "f"(amax), "f"(fabsf(x[i])));
-    const bool finite = fabsf(amax) < __uint_as_float(0x7F800000u);
-    if (!finite) {
-        amax = fabsf(x[0]);
-#pragma unroll
-        for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
-    }
     unsigned int w[2];
-    float sfv, inv;
-    unsigned int sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, inv);
-#if KV_NVFP4_FOUR_OVER_SIX
-    float sfv4, inv4;
-    const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, inv4);
-#endif
+    unsigned int sfc;
     bool done = false;
 #if !KVKIT_HW_FP4
-    // Fast block: RN(amax * inv) < 7 bounds every |x_i * inv| (RN is monotonic) and fails for
-    // a NaN or infinite amax or inv. Otherwise (rare: saturated or subnormal scales, non-finite
-    // inputs) the general encoders below.
-    bool fast = __fmul_rn(amax, inv) < 7.0f;
+    {
+        // Fast block: g > 0 (so amax / (target g) >= +0 or NaN) and RN(amax * inv) < 7, which
+        // bounds every |x_i * inv| (RN is monotonic) and fails for a NaN or infinite amax, g or
+        // inv. Otherwise (rare: saturated or subnormal scales, non-finite inputs) the general
+        // path below recomputes everything.
+        float sfv, inv;
+        sfc = kv_nvfp4_scale_fast(amax, 6.0f, g, sfv, inv);
+        bool fast = g > 0.0f && __fmul_rn(amax, inv) < 7.0f;
 #if KV_NVFP4_FOUR_OVER_SIX
-    fast = fast && __fmul_rn(amax, inv4) < 7.0f;
+        float sfv4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale_fast(amax, 4.0f, g, sfv4, inv4);
+        fast = fast && __fmul_rn(amax, inv4) < 7.0f;
 #endif
-    if (fast) {
+        if (fast) {
 #if KV_NVFP4_FOUR_OVER_SIX
-        const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4};
-        unsigned int wc[2][2];
-        float err[2];
-        kv_nvfp4_fast_codes<2>(x, invs, sfvs, g, wc, err);
-        const bool four = err[1] < err[0];  // ties keep 6
-        sfc = four ? sfc4 : sfc;
-        w[0] = four ? wc[1][0] : wc[0][0];
-        w[1] = four ? wc[1][1] : wc[0][1];
+            const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4};
+            unsigned int wc[2][2];
+            float err[2];
+            kv_nvfp4_fast_codes<2>(x, invs, sfvs, g, wc, err);
+            const bool four = err[1] < err[0];  // ties keep 6
+            sfc = four ? sfc4 : sfc;
+            w[0] = four ? wc[1][0] : wc[0][0];
+            w[1] = four ? wc[1][1] : wc[0][1];
 #else
-        const float invs[1] = {inv}, sfvs[1] = {sfv};
-        unsigned int wc[1][2];
-        float err[1];
-        kv_nvfp4_fast_codes<1>(x, invs, sfvs, g, wc, err);
-        w[0] = wc[0][0];
-        w[1] = wc[0][1];
+            const float invs[1] = {inv}, sfvs[1] = {sfv};
+            unsigned int wc[1][2];
+            float err[1];
+            kv_nvfp4_fast_codes<1>(x, invs, sfvs, g, wc, err);
+            w[0] = wc[0][0];
+            w[1] = wc[0][1];
 #endif
-        w[0] |= kv_nvfp4_signs<DT>(raw, 0);
-        w[1] |= kv_nvfp4_signs<DT>(raw, 1);
-        done = true;
+            w[0] |= kv_nvfp4_signs<DT>(raw, 0);
+            w[1] |= kv_nvfp4_signs<DT>(raw, 1);
+            done = true;
+        }
     }
 #endif
     if (!done) {
+        // The general path: finite means no NaN or inf input; otherwise the spec's NaN-ignoring
+        // fold again.
+        const bool finite = fabsf(amax) < __uint_as_float(0x7F800000u);
+        if (!finite) {
+            amax = fabsf(x[0]);
+#pragma unroll
+            for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
+        }
+        float sfv, inv;
+        sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, inv);
         kv_nvfp4_codes(x, finite, inv, w);
 #if KV_NVFP4_FOUR_OVER_SIX
+        float sfv4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, inv4);
         unsigned int w4[2];
         kv_nvfp4_codes(x, finite, inv4, w4);
         if (kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w, sfv, g)) {  // ties keep 6
