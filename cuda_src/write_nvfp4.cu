@@ -9,7 +9,8 @@
 // float32) is strictly lower.
 // Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
 //
-// Mapping: one thread per (token, head, 16-element block), K then V. Negative slot: skipped.
+// Mapping: one thread per (token, head, KV_NVFP4_BPT consecutive 16-element blocks), K then V.
+// Negative slot: skipped.
 // Slot >= capacity: skipped, error_flag |= 1 (once per token).
 #include "common/arch.cuh"
 #include "common/fp16.cuh"
@@ -39,6 +40,19 @@
 #define KV_WRITE_NVFP4_MIN_CTAS 1
 #endif
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
+// Blocks per thread (the launcher passes it: kvkit.cuda.write.nvfp4_blocks_per_thread): 2 where
+// the block count is even, so the per-thread index math, slot load and plane addresses (about
+// 170 of a thread's 548 instructions at sm_90 with one block each) serve four blocks (two of K,
+// two of V) instead of two, and the stores are 16 + 2 bytes (926 instructions for four blocks:
+// 463 a K/V pair instead of 548); else 1. Also 1 for 4over6 with float32 inputs: its 64 input
+// words spill under the 80-register cap (72..84 bytes on every target).
+#ifndef KV_NVFP4_BPT
+#define KV_NVFP4_BPT (KV_NVFP4_BLOCKS % 2 == 0 && !(KV_NVFP4_FOUR_OVER_SIX && KV_IN_DTYPE == 0) ? 2 : 1)
+#endif
+#if KV_NVFP4_BPT != 1 && KV_NVFP4_BPT != 2 || KV_NVFP4_BLOCKS % KV_NVFP4_BPT != 0
+#error "KV_NVFP4_BPT must be 1 or 2 and divide the block count"
+#endif
+#define KV_NVFP4_GROUPS (KV_NVFP4_BLOCKS / KV_NVFP4_BPT)
 
 // One candidate's scale: sf code (returned), its value sfv and inv = 1 / (sfv g) (0 when the
 // denominator is 0; NaN den gives NaN, as the CPU).
@@ -189,14 +203,14 @@ __device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const 
 #endif
 
 template <int DT>
-__device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], const unsigned int (&raw)[KvInputWords<DT, 16>::n],
-                                                      float g, unsigned char* data, unsigned char* sf) {
+__device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[16],
+                                                              const unsigned int (&raw)[KvInputWords<DT, 16>::n], float g,
+                                                              unsigned int (&w)[2]) {
     // amax with NaN propagating (max.NaN, the same cost): it equals the spec's NaN-ignoring fold
     // unless an input is NaN, and then it is NaN, which fails the fast test below.
     float amax = fabsf(x[0]);
 #pragma unroll
     for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %1, %2;" : "=f"(amax) : "f"(amax), "f"(fabsf(x[i])));
-    unsigned int w[2];
     unsigned int sfc;
     bool done = false;
 #if !KVKIT_HW_FP4
@@ -261,13 +275,30 @@ __device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], cons
         }
 #endif
     }
-    if ((reinterpret_cast<unsigned long long>(data) & 7ull) == 0) {
-        *reinterpret_cast<uint2*>(data) = make_uint2(w[0], w[1]);
+    return sfc;
+}
+
+// The codes (8 bytes a block) and sf codes of BPT consecutive blocks: the widest stores the
+// addresses' alignment allows (data 16 or 8 bytes, sf 2 bytes), else bytes.
+template <int BPT>
+__device__ __forceinline__ void kv_nvfp4_store(const unsigned int (&w)[BPT][2], const unsigned int (&sfc)[BPT],
+                                               unsigned char* data, unsigned char* sf) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(data);
+    if (BPT == 2 && (a & 15ull) == 0) {
+        *reinterpret_cast<uint4*>(data) = make_uint4(w[0][0], w[0][1], w[BPT - 1][0], w[BPT - 1][1]);
+    } else if ((a & 7ull) == 0) {
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) reinterpret_cast<uint2*>(data)[j] = make_uint2(w[j][0], w[j][1]);
     } else {
 #pragma unroll
-        for (int j = 0; j < 8; ++j) data[j] = (unsigned char)(w[j >> 2] >> (8 * (j & 3)));
+        for (int j = 0; j < 8 * BPT; ++j) data[j] = (unsigned char)(w[j >> 3][(j >> 2) & 1] >> (8 * (j & 3)));
     }
-    *sf = (unsigned char)sfc;
+    if (BPT == 2 && (reinterpret_cast<unsigned long long>(sf) & 1ull) == 0) {
+        *reinterpret_cast<unsigned short*>(sf) = (unsigned short)(sfc[0] | (sfc[BPT - 1] << 8));
+    } else {
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) sf[j] = (unsigned char)sfc[j];
+    }
 }
 
 extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_MIN_CTAS) void kvkit_write_nvfp4(
@@ -301,9 +332,9 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     unsigned int bs_m, int bs_s1, int bs_s2)           // ... and of block_size
 {
     long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (gid >= n_tokens * n_heads * KV_NVFP4_BLOCKS) return;
-    const int b = (int)(gid % KV_NVFP4_BLOCKS);
-    const long long row = gid / KV_NVFP4_BLOCKS;  // token * H + head
+    if (gid >= n_tokens * n_heads * KV_NVFP4_GROUPS) return;
+    const int b = (int)(gid % KV_NVFP4_GROUPS) * KV_NVFP4_BPT;  // first block of the thread's
+    const long long row = gid / KV_NVFP4_GROUPS;                // token * H + head
     const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
     long long t, blk, off;
     int h;
@@ -329,17 +360,27 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     }
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
     // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
-    unsigned int kw[KvInputWords<KV_IN_DTYPE, 16>::n], vw[KvInputWords<KV_IN_DTYPE, 16>::n];
-    kv_load_input_words<KV_IN_DTYPE, 16>(k, src, kw);
-    kv_load_input_words<KV_IN_DTYPE, 16>(v, src, vw);
-    // NaN payloads never reach an NVFP4 byte (E2M1 has no NaN): the bare widening.
+    constexpr int NW = KvInputWords<KV_IN_DTYPE, 16>::n;  // words of one block
+    unsigned int kw[KV_NVFP4_BPT * NW], vw[KV_NVFP4_BPT * NW];
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(k, src, kw);
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(v, src, vw);
+    unsigned int w[KV_NVFP4_BPT][2], sfc[KV_NVFP4_BPT];
     float x[16];
-    kv_widen_input_words<KV_IN_DTYPE, 16, false>(kw, x);
-    kv_nvfp4_encode_block<KV_IN_DTYPE>(x, kw, k_scale,
-                          k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
-                          k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
-    kv_widen_input_words<KV_IN_DTYPE, 16, false>(vw, x);
-    kv_nvfp4_encode_block<KV_IN_DTYPE>(x, vw, v_scale,
-                          v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
-                          v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);
+#pragma unroll
+    for (int j = 0; j < KV_NVFP4_BPT; ++j) {
+        const unsigned int(&raw)[NW] = *reinterpret_cast<const unsigned int(*)[NW]>(&kw[j * NW]);
+        // NaN payloads never reach an NVFP4 byte (E2M1 has no NaN): the bare widening.
+        kv_widen_input_words<KV_IN_DTYPE, 16, false>(raw, x);
+        sfc[j] = kv_nvfp4_encode_block<KV_IN_DTYPE>(x, raw, k_scale, w[j]);
+    }
+    kv_nvfp4_store<KV_NVFP4_BPT>(w, sfc, k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
+                                 k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
+#pragma unroll
+    for (int j = 0; j < KV_NVFP4_BPT; ++j) {
+        const unsigned int(&raw)[NW] = *reinterpret_cast<const unsigned int(*)[NW]>(&vw[j * NW]);
+        kv_widen_input_words<KV_IN_DTYPE, 16, false>(raw, x);
+        sfc[j] = kv_nvfp4_encode_block<KV_IN_DTYPE>(x, raw, v_scale, w[j]);
+    }
+    kv_nvfp4_store<KV_NVFP4_BPT>(w, sfc, v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
+                                 v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);
 }

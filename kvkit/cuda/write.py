@@ -10,8 +10,9 @@ format family             kernel (entry)            launch
 ========================  ========================  ==========================================
 fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8 elements),
                           (write_dense.cu)          256 threads per CTA
-nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
-                          (write_nvfp4.cu)          128 threads per CTA
+nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 2 16-blocks;
+                          (write_nvfp4.cu)          see nvfp4_blocks_per_thread), 128 threads
+                                                    per CTA
 turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
                           (write_turboquant.cu)     512), 4 warps per CTA
 ========================  ========================  ==========================================
@@ -47,6 +48,16 @@ DENSE_CHUNK = 8
 NVFP4_THREADS = 128
 NVFP4_BLOCK = 16
 TQ_WARPS = 4
+
+
+def nvfp4_blocks_per_thread(fmt: NVFP4Format, in_dtype: str) -> int:
+    """16-element blocks per thread of ``kvkit_write_nvfp4`` (its ``KV_NVFP4_BPT`` define) for
+    the KV_IN_DTYPE code ``in_dtype``: 2 where D / 16 is even (the index math, slot load and
+    plane addresses serve two blocks of K and two of V), else 1; also 1 for 4over6 with float32
+    inputs (their words spill under its register cap). The kernel's default is the same rule."""
+    if (fmt.head_dim // NVFP4_BLOCK) % 2 or (fmt.four_over_six and in_dtype == "0"):
+        return 1
+    return 2
 
 
 def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
@@ -244,6 +255,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     elif family == "nvfp4":
+        bpt = nvfp4_blocks_per_thread(fmt, code)
+        defines["KV_NVFP4_BPT"] = str(bpt)
         kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
         planes = []
         for name in ("k_data", "k_scale", "v_data", "v_scale"):
@@ -253,7 +266,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         launch_and_record(
             record,
             kern,
-            _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS),
+            _grid(n * h * (d // (NVFP4_BLOCK * bpt)), NVFP4_THREADS),
             (NVFP4_THREADS,),
             tuple(args),
         )
