@@ -7,7 +7,14 @@
 // KV_NVFP4_FOUR_OVER_SIX=1 also forms the candidate with 4 in place of 6 and keeps it when its
 // squared error sum_i d_i*d_i (d_i = x_i - (e2m1(q_i) * e4m3(sf)) * g, summed i = 0..15 in
 // float32) is strictly lower.
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT.
+//
+// Fast block (software E2M1 targets, nearly every block): g > 0 and RN(amax * inv) < 7 for
+// every candidate; then E2M1 codes by one magic add per element (fp4.cuh kv_e2m1_magic), packed
+// by permutes, signs from the raw input words. Anything else (NaN / inf inputs, saturated or
+// subnormal scales) takes the general encoders. Both give the spec's bytes (CPU models and
+// tests: kvkit/formats/arch_models.py e2m1_magic / nvfp4_fast_words, tests/formats/
+// test_e2m1_magic.py).
 //
 // Mapping: one thread per (token, head, KV_NVFP4_BPT consecutive 16-element blocks), K then V.
 // Negative slot: skipped.
@@ -27,12 +34,11 @@
 
 // __launch_bounds__(.., KV_WRITE_NVFP4_MIN_CTAS): nvfp4 takes 1 (no register cap: without the
 // minimum-blocks hint ptxas for some targets (sm_86, sm_120a) capped registers for occupancy
-// and spilled a few bytes; it needs 56..72 registers). nvfp4_4over6 takes 6: uncapped, ptxas
+// and spilled a few bytes; it takes 66..96 registers). nvfp4_4over6 takes 6: uncapped, ptxas
 // spends 128 registers on the two fused fast candidates (16 warps per SM); capped at 80 (6
 // CTAs, 24 warps per SM, the occupancy of the kernel before the fast path) no target spills
 // and the fast path's sm_90 instruction count does not grow.
-// 128 threads: one block scale per thread keeps ~50 registers live (16 inputs, 2 candidates);
-// small CTAs spread short writes (a few tokens) over more SMs.
+// 128 threads: small CTAs spread short writes (a few tokens) over more SMs.
 #define KV_WRITE_NVFP4_THREADS 128
 #if KV_NVFP4_FOUR_OVER_SIX
 #define KV_WRITE_NVFP4_MIN_CTAS 6
