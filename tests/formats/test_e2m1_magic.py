@@ -118,3 +118,42 @@ def test_fast_block_words_equal_the_spec_codes(dtype_code, halves, target):
     q = codecs.e2m1_encode_array((x * inv).astype(np.float32)).astype(np.uint8)
     want = (q[0::2] | (q[1::2] << 4)).astype(np.uint8)
     np.testing.assert_array_equal(got, want)
+
+
+def _sq_error(x, q_val, sfv, g):
+    """The spec's 4over6 error sum in float32, in order (kvkit/cpu/write.py _nvfp4_sq_error)."""
+    err = np.float32(0)
+    for i in range(len(x)):
+        d = np.float32(x[i] - np.float32(np.float32(q_val[i] * sfv) * g))
+        err = np.float32(d * d) if i == 0 else np.float32(err + np.float32(d * d))
+    return err
+
+
+@given(
+    st.lists(st.integers(0, 0xFFFF), min_size=16, max_size=16),
+    st.sampled_from([4.0, 6.0]),
+    st.floats(2.0**-30, 2.0**30, allow_nan=False, width=32),
+)
+@example(halves=[0x8000, 0x0000] * 8, target=6.0, g=1.0)  # signed zeros
+def test_fast_error_from_magnitudes_equals_the_spec(halves, target, g):
+    """kv_nvfp4_fast_codes<2>'s error (4over6): d_i from |x_i| and the magic's magnitude equals
+    the spec's d_i from x_i and the signed E2M1 value up to sign, so the sums are identical."""
+    x = np.asarray(halves, np.uint16).view(np.float16).astype(np.float32)
+    if not np.all(np.isfinite(x)):
+        return
+    g = np.float32(g)
+    amax = np.float32(np.max(np.abs(x)))
+    with np.errstate(all="ignore"):
+        sfc = codecs.e4m3_encode_array(np.array([amax / np.float32(np.float32(target) * g)]))[0]
+        sfv = np.float32(codecs.e4m3_decode_array(np.array([sfc], np.uint8))[0])
+        den = np.float32(sfv * g)
+        inv = np.float32(1) / den if den != 0 else np.float32(0)
+        m = (x * inv).astype(np.float32)
+    if not (np.isfinite(inv) and np.float32(amax * inv) < LIMIT):
+        return
+    code, val = arch_models.e2m1_magic(m)
+    signed = np.array([codecs.e2m1_decode(int(c)) for c in code], np.float32)
+    with np.errstate(all="ignore"):
+        fast = _sq_error(np.abs(x), val, sfv, g)
+        spec = _sq_error(x, signed, sfv, g)
+    assert fast.view(np.uint32) == spec.view(np.uint32) or (np.isnan(fast) and np.isnan(spec))
