@@ -155,15 +155,17 @@ def _grid(work: int, per_cta: int) -> tuple[int]:
     return ((work + per_cta - 1) // per_cta,)
 
 
-def udiv_magic(d: int) -> list:
-    """[m, s1, s2] (uint32, int32, int32) with floor(n / d) == (t + ((n - t) >> s1)) >> s2,
+@cache
+def udiv_magic(d: int) -> tuple:
+    """(m, s1, s2) (uint32, int32, int32) with floor(n / d) == (t + ((n - t) >> s1)) >> s2,
     t = (m * n) >> 32, for every 32-bit n (cuda_src/common/paged.cuh kv_udiv_magic; Granlund &
-    Montgomery, PLDI 1994, fig. 4.1: l = ceil(log2 d), m = floor(2**32 (2**l - d) / d) + 1)."""
+    Montgomery, PLDI 1994, fig. 4.1: l = ceil(log2 d), m = floor(2**32 (2**l - d) / d) + 1).
+    Cached: a layer's head count and page size repeat on every write call."""
     if not 1 <= d < 1 << 32:
         raise ValueError(f"divisor must be in [1, 2**32), got {d}")
     lg = (d - 1).bit_length()
     m = ((1 << 32) * ((1 << lg) - d)) // d + 1
-    return [np.uint32(m), np.int32(min(lg, 1)), np.int32(max(lg - 1, 0))]
+    return (np.uint32(m), np.int32(min(lg, 1)), np.int32(max(lg - 1, 0)))
 
 
 def plane_args(plane, name: str = "plane") -> list:
@@ -262,7 +264,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         for name in ("k_data", "k_scale", "v_data", "v_scale"):
             planes += plane_args(p[name])
         args = head + planes + [ks, vs, layer.error_flag]
-        args += udiv_magic(h) + udiv_magic(layer.block_size)
+        args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
         launch_and_record(
             record,
             kern,
