@@ -39,11 +39,17 @@ RULES = [
     (r"0x1ffffff", r"^@P", True),  # __frcp_rn: exponent in the fast range
     (r"^FSETP\.NEU\.AND P\d, PT, R\d+, RZ", r"^@!P", False),  # den != 0
     (r"^LOP3\.LUT P\d, RZ, R\d+, 0x(f|7|3|1), RZ", r"^@!P", True),  # aligned loads / stores
-    (r"^FSETP\.(LT|GT|GEU)\.AND P\d, PT, (R\d+, 7|R\d+, RZ|RZ, UR)", r"^@!?P\d BRA P", True),
+    (r"^FSETP\.(LT|GT|GEU)\.AND P\d, PT, (R\d+, 7|R\d+, RZ|RZ, (UR|c\[))", r"^@!?P\d BRA P", True),
+    (r"0x3c7fffff", r"^@P", True),  # software E4M3 (sm_80, sm_86): a normal scale,
+    (r"0x43dfffff|0x7f800000", r"^@P", False),  # ... below 448, not NaN
     (r"^FSETP\.GEU\.AND P\d, PT, \|R\d+\|, \+INF", r"^@!P\d BRA (0x|P)", True),  # finite amax
     (r"^LOP3\.LUT P\d, RZ, R\d+, 0x80008000", r"^@!P", True),  # no NaN half (older kernels)
+    (r"^LOP3\.LUT P\d, RZ, R\d+, 0x(f|7|3|1), RZ", r"^@P", False),  # (the same, other polarity)
+    (r"^LOP3\.LUT P\d, RZ, R\d+, 0x80008000", r"^@P", False),
+    (r"^FSETP\.EQU\.OR P\d, PT, \|R\d+\|, \+INF", r"^@P", False),  # finite amax (sm_100a)
+    (r"^FSETP\.NE\.AND P\d, PT, \|R\d+\|, \+INF", r"^@P\d BRA", True),  # finite block
     (r"^ISETP\.GT\.OR\.EX", r"^@P", False),  # narrow index math
-    (r"^ISETP\.GE\.AND\.EX P\d, PT, R\d+, UR", r"^@!P", True),  # slot < capacity
+    (r"^ISETP\.GE\.(S64\.)?AND(\.EX)? P\d, PT, R\d+, (UR|c\[)", r"^@!P", True),  # slot < capacity
 ]
 _SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP")
 
