@@ -54,10 +54,13 @@ def nvfp4_blocks_per_thread(fmt: NVFP4Format, in_dtype: str) -> int:
     """16-element blocks per thread of ``kvkit_write_nvfp4`` (its ``KV_NVFP4_BPT`` define) for
     the KV_IN_DTYPE code ``in_dtype``: 2 where D / 16 is even (the index math, slot load and
     plane addresses serve two blocks of K and two of V), else 1; also 1 for 4over6 with float32
-    inputs (their words spill under its register cap). The kernel's default is the same rule."""
+    inputs (their words spill under its register cap). The kernel's default is the same rule.
+    2 takes more registers (fp16 inputs at sm_90: 72 instead of 59, 28 warps per SM instead of
+    32); ``KVKIT_WRITE_NVFP4_BPT=1`` lowers it for A/B sweeps on a GPU."""
     if (fmt.head_dim // NVFP4_BLOCK) % 2 or (fmt.four_over_six and in_dtype == "0"):
         return 1
-    return 2
+    override = _env_int("KVKIT_WRITE_NVFP4_BPT", (1, 2))
+    return 2 if override is None else override
 
 
 def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
