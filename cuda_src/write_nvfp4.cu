@@ -7,9 +7,17 @@
 // KV_NVFP4_FOUR_OVER_SIX=1 also forms the candidate with 4 in place of 6 and keeps it when its
 // squared error sum_i d_i*d_i (d_i = x_i - (e2m1(q_i) * e4m3(sf)) * g, summed i = 0..15 in
 // float32) is strictly lower.
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T.
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT.
 //
-// Mapping: one thread per (token, head, 16-element block), K then V. Negative slot: skipped.
+// Fast block (software E2M1 targets, nearly every block): g > 0 and RN(amax * inv) < 7 for
+// every candidate; then E2M1 codes by one magic add per element (fp4.cuh kv_e2m1_magic), packed
+// by permutes, signs from the raw input words. Anything else (NaN / inf inputs, saturated or
+// subnormal scales) takes the general encoders. Both give the spec's bytes (CPU models and
+// tests: kvkit/formats/arch_models.py e2m1_magic / nvfp4_fast_words, tests/formats/
+// test_e2m1_magic.py).
+//
+// Mapping: one thread per (token, head, KV_NVFP4_BPT consecutive 16-element blocks), K then V.
+// Negative slot: skipped.
 // Slot >= capacity: skipped, error_flag |= 1 (once per token).
 #include "common/arch.cuh"
 #include "common/fp16.cuh"
@@ -24,24 +32,74 @@
 #error "the kernel's register layout assumes 16-element scale blocks"
 #endif
 
-// __launch_bounds__(.., 1): without the minimum-blocks hint ptxas for some targets (sm_86,
-// sm_120a) caps registers for occupancy and spills a few bytes; with it, no target spills.
-// 128 threads: one block scale per thread keeps ~50 registers live (16 inputs, 2 candidates);
-// small CTAs spread short writes (a few tokens) over more SMs.
+// __launch_bounds__(.., KV_WRITE_NVFP4_MIN_CTAS): nvfp4 takes 1 (no register cap: without the
+// minimum-blocks hint ptxas for some targets (sm_86, sm_120a) capped registers for occupancy
+// and spilled a few bytes; it takes 66..96 registers). nvfp4_4over6 takes 6: uncapped, ptxas
+// spends 128 registers on the two fused fast candidates (16 warps per SM); capped at 80 (6
+// CTAs, 24 warps per SM, the occupancy of the kernel before the fast path) no target spills
+// and the fast path's sm_90 instruction count does not grow.
+// 128 threads: small CTAs spread short writes (a few tokens) over more SMs.
 #define KV_WRITE_NVFP4_THREADS 128
+#if KV_NVFP4_FOUR_OVER_SIX
+#define KV_WRITE_NVFP4_MIN_CTAS 6
+#else
+#define KV_WRITE_NVFP4_MIN_CTAS 1
+#endif
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
+// Blocks per thread (the launcher passes it: kvkit.cuda.write.nvfp4_blocks_per_thread): 2 where
+// the block count is even, so the per-thread index math, slot load and plane addresses (about
+// 170 of a thread's 548 instructions at sm_90 with one block each) serve four blocks (two of K,
+// two of V) instead of two, and the stores are 16 + 2 bytes (926 instructions for four blocks:
+// 463 a K/V pair instead of 548); else 1. Also 1 for 4over6 with float32 inputs: its 64 input
+// words spill under the 80-register cap (72..84 bytes on every target).
+#ifndef KV_NVFP4_BPT
+#define KV_NVFP4_BPT (KV_NVFP4_BLOCKS % 2 == 0 && !(KV_NVFP4_FOUR_OVER_SIX && KV_IN_DTYPE == 0) ? 2 : 1)
+#endif
+#if KV_NVFP4_BPT != 1 && KV_NVFP4_BPT != 2 || KV_NVFP4_BLOCKS % KV_NVFP4_BPT != 0
+#error "KV_NVFP4_BPT must be 1 or 2 and divide the block count"
+#endif
+#define KV_NVFP4_GROUPS (KV_NVFP4_BLOCKS / KV_NVFP4_BPT)
 
-// One candidate: codes packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7); returns sf code.
-// finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN and the
-// encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare: the
-// general encoder, per thread).
-__device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16], float amax, bool finite, float target,
-                                                           float g, unsigned int (&w)[2], float& sfv) {
-    unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
+// One candidate's scale: sf code (returned), its value sfv and inv = 1 / (sfv g) (0 when the
+// denominator is 0; NaN den gives NaN, as the CPU).
+__device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target, float g, float& sfv, float& inv) {
+    const unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
     sfv = kv_e4m3_decode_pos(sfc);  // sfc <= 0x7F: amax >= 0 or NaN
-    float den = __fmul_rn(sfv, g);
-    float inv = 0.0f;
-    if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den); NaN den gives NaN, as the CPU
+    const float den = __fmul_rn(sfv, g);
+    inv = 0.0f;
+    if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den)
+    return sfc;
+}
+
+// kv_nvfp4_scale for the fast block test (g > 0, so q = amax / (target g) is >= +0 or NaN):
+// with the hardware conversion the sf code is cvt(q) itself (no sign or NaN fix-ups: q >= +0,
+// and a NaN q, from a NaN amax or g, fails the fast test through inv anyway; & 0x7F keeps any
+// NaN code off the decode's shift), and sfv the shifted code scaled (the code is not 0x7F for a
+// non-NaN q). The same sfc, sfv and inv as kv_nvfp4_scale for every non-NaN q >= +0.
+__device__ __forceinline__ unsigned int kv_nvfp4_scale_fast(float amax, float target, float g, float& sfv,
+                                                            float& inv) {
+#if KVKIT_HW_FP8
+    const float q = __fdiv_rn(amax, __fmul_rn(target, g));
+    unsigned int r;  // byte 0: cvt(q); byte 1: cvt(0) = 0
+    asm("{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\n\tcvt.u32.u16 %0, t;\n\t}" : "=r"(r) : "f"(0.0f), "f"(q));
+    const unsigned int sfc = r & 0x7Fu;
+    sfv = __fmul_rn(__uint_as_float(sfc << 20), 1.329227995784915873e36f);  // 2^120: kv_e4m3_decode_pos
+    const float den = __fmul_rn(sfv, g);
+    // A select, not a branch around the reciprocal: den is 0 only for a block far below g's
+    // scale (sf code 0), where __frcp_rn's slow path runs once; 3 instructions a block saved.
+    const float r0 = __frcp_rn(den);
+    inv = den != 0.0f ? r0 : 0.0f;
+    return sfc;
+#else
+    return kv_nvfp4_scale(amax, target, g, sfv, inv);
+#endif
+}
+
+// One candidate's codes, packed as 8 bytes (w[0] bytes 0..3, w[1] bytes 4..7), by the general
+// encoders. finite: amax is finite (so is every x_i). Then with a finite inv no product is NaN
+// and the encoder without NaN handling gives the same bytes (a NaN or infinite amax is rare:
+// the general encoder, per thread).
+__device__ __forceinline__ void kv_nvfp4_codes(const float (&x)[16], bool finite, float inv, unsigned int (&w)[2]) {
     w[0] = 0u;
     w[1] = 0u;
     if (finite && fabsf(inv) < __uint_as_float(0x7F800000u)) {
@@ -57,7 +115,6 @@ __device__ __forceinline__ unsigned int kv_nvfp4_candidate(const float (&x)[16],
             w[j >> 2] |= b << (8 * (j & 3));
         }
     }
-    return sfc;
 }
 
 __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const unsigned int (&w)[2], float sfv,
@@ -73,44 +130,186 @@ __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const u
     return err;
 }
 
-__device__ __forceinline__ void kv_nvfp4_encode_block(const float (&x)[16], float g, unsigned char* data,
-                                                      unsigned char* sf) {
-    // amax with NaN propagating (max.NaN, the same cost): finite means no NaN or inf input;
-    // otherwise the spec's NaN-ignoring fold again (rare).
+__device__ __forceinline__ unsigned int kv_prmt(unsigned int a, unsigned int b, unsigned int sel) {
+    // prmt.b32 (default mode): a selector nibble with bit 3 set replicates the selected byte's
+    // top bit over the result byte (__byte_perm ignores that bit).
+    unsigned int d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+#if !KVKIT_HW_FP4
+// The sign bits of elements 8h..8h+7 at the NVFP4 code positions (bit 3 of each nibble), from
+// the raw input words: sign-replicating byte permutes gather the even elements' signs into
+// the bytes of e and the odd ones' into o (0x00 / 0xFF bytes); byte j of the result takes bit 3
+// from e and bit 7 from o. Six instructions for eight elements where a shift and a mask per
+// element took sixteen. The sign of x * inv is that of x (inv is +0 or positive).
+template <int DT>
+__device__ __forceinline__ unsigned int kv_nvfp4_signs(const unsigned int (&w)[KvInputWords<DT, 16>::n], int h) {
+    unsigned int e, o;
+    if constexpr (DT == 0) {
+        // float32 words: the sign is the top bit of byte 3 of word i (element i)
+        const int b = 8 * h;
+        const unsigned int e0 = kv_prmt(w[b + 0], w[b + 2], 0xFFFBu);  // [s0, s2, ..]
+        const unsigned int e1 = kv_prmt(w[b + 4], w[b + 6], 0xFFFBu);  // [s4, s6, ..]
+        const unsigned int o0 = kv_prmt(w[b + 1], w[b + 3], 0xFFFBu);  // [s1, s3, ..]
+        const unsigned int o1 = kv_prmt(w[b + 5], w[b + 7], 0xFFFBu);  // [s5, s7, ..]
+        e = kv_prmt(e0, e1, 0x5410u);
+        o = kv_prmt(o0, o1, 0x5410u);
+    } else {
+        // 16-bit words: element 2j's sign tops byte 1 of word j, element 2j + 1's byte 3.
+        const int b = 4 * h;
+        const unsigned int a = kv_prmt(w[b + 0], w[b + 1], 0xFBD9u);  // [s0, s2, s1, s3]
+        const unsigned int c = kv_prmt(w[b + 2], w[b + 3], 0xFBD9u);  // [s4, s6, s5, s7]
+        e = kv_prmt(a, c, 0x5410u);                                    // [s0, s2, s4, s6]
+        o = kv_prmt(a, c, 0x7632u);                                    // [s1, s3, s5, s7]
+    }
+    return ((e & 0x0F0F0F0Fu) | (o & 0xF0F0F0F0u)) & 0x88888888u;
+}
+
+// The fast candidates (every |x_i * inv[c]| < 7, none NaN: see kv_e2m1_magic): magnitude
+// codes packed as 8 bytes per candidate (pairs by one shift-add each, bytes gathered by
+// permutes: the code is the low byte of the magic sum). With C = 2 (4over6) also each
+// candidate's squared error in the spec's order, d_i = x_i - (e2m1(q_i) * sfv) * g, from |x_i|
+// and the magnitude (the same d_i up to sign: the code's sign is x_i's and IEEE arithmetic is
+// symmetric under negation, so d_i * d_i is the same). Both candidates in one pass over the
+// elements, so only the packed pairs stay live.
+template <int C>
+__device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const float (&inv)[C], const float (&sfv)[C],
+                                                    float g, unsigned int (&w)[C][2], float (&err)[C]) {
+    unsigned int pair[C][8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int c = 0; c < C; ++c) {
+            unsigned int s[2];
+#pragma unroll
+            for (int t = 0; t < 2; ++t) {
+                const int i = 2 * j + t;
+                const KvE2m1Magic r = kv_e2m1_magic(__fmul_rn(x[i], inv[c]));
+                s[t] = r.s;
+                if (C > 1) {
+                    const float v = __fsub_rn(__uint_as_float(r.s), r.magic);  // exact: the magnitude
+                    const float d = __fsub_rn(fabsf(x[i]), __fmul_rn(__fmul_rn(v, sfv[c]), g));
+                    const float dd = __fmul_rn(d, d);
+                    err[c] = i == 0 ? dd : __fadd_rn(err[c], dd);
+                }
+            }
+            pair[c][j] = s[0] + (s[1] << 4);  // low byte: both codes (bits 8..21 of each s are zero)
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < C; ++c) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned int lo = kv_prmt(pair[c][4 * h], pair[c][4 * h + 1], 0x0040u);
+            const unsigned int hi = kv_prmt(pair[c][4 * h + 2], pair[c][4 * h + 3], 0x0040u);
+            w[c][h] = kv_prmt(lo, hi, 0x5410u);
+        }
+    }
+}
+#endif
+
+template <int DT>
+__device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[16],
+                                                              const unsigned int (&raw)[KvInputWords<DT, 16>::n], float g,
+                                                              unsigned int (&w)[2]) {
+    // amax with NaN propagating (max.NaN, the same cost): it equals the spec's NaN-ignoring fold
+    // unless an input is NaN, and then it is NaN, which fails the fast test below.
     float amax = fabsf(x[0]);
 #pragma unroll
     for (int i = 1; i < 16; ++i) asm("max.NaN.f32 %0, %1, %2;" : "=f"(amax) : "f"(amax), "f"(fabsf(x[i])));
-    const bool finite = fabsf(amax) < __uint_as_float(0x7F800000u);
-    if (!finite) {
-        amax = fabsf(x[0]);
-#pragma unroll
-        for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
-    }
-    unsigned int w[2];
-    float sfv;
-    unsigned int sfc = kv_nvfp4_candidate(x, amax, finite, 6.0f, g, w, sfv);
-#if KV_NVFP4_FOUR_OVER_SIX
+    unsigned int sfc;
+    bool done = false;
+#if !KVKIT_HW_FP4
     {
+        // Fast block: g > 0 (so amax / (target g) >= +0 or NaN) and RN(amax * inv) < 7, which
+        // bounds every |x_i * inv| (RN is monotonic) and fails for a NaN or infinite amax, g or
+        // inv. Otherwise (rare: saturated or subnormal scales, non-finite inputs) the general
+        // path below recomputes everything.
+        float sfv, inv;
+        sfc = kv_nvfp4_scale_fast(amax, 6.0f, g, sfv, inv);
+        bool fast = g > 0.0f && __fmul_rn(amax, inv) < 7.0f;
+#if KV_NVFP4_FOUR_OVER_SIX
+        float sfv4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale_fast(amax, 4.0f, g, sfv4, inv4);
+        fast = fast && __fmul_rn(amax, inv4) < 7.0f;
+#endif
+        if (fast) {
+#if KV_NVFP4_FOUR_OVER_SIX
+            const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4};
+            unsigned int wc[2][2];
+            float err[2];
+            kv_nvfp4_fast_codes<2>(x, invs, sfvs, g, wc, err);
+            const bool four = err[1] < err[0];  // ties keep 6
+            sfc = four ? sfc4 : sfc;
+            w[0] = four ? wc[1][0] : wc[0][0];
+            w[1] = four ? wc[1][1] : wc[0][1];
+#else
+            const float invs[1] = {inv}, sfvs[1] = {sfv};
+            unsigned int wc[1][2];
+            float err[1];
+            kv_nvfp4_fast_codes<1>(x, invs, sfvs, g, wc, err);
+            w[0] = wc[0][0];
+            w[1] = wc[0][1];
+#endif
+            w[0] |= kv_nvfp4_signs<DT>(raw, 0);
+            w[1] |= kv_nvfp4_signs<DT>(raw, 1);
+            done = true;
+        }
+    }
+#endif
+    if (!done) {
+        // The general path: finite means no NaN or inf input; otherwise the spec's NaN-ignoring
+        // fold again.
+        const bool finite = fabsf(amax) < __uint_as_float(0x7F800000u);
+        if (!finite) {
+            amax = fabsf(x[0]);
+#pragma unroll
+            for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
+        }
+        float sfv, inv;
+        sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, inv);
+        kv_nvfp4_codes(x, finite, inv, w);
+#if KV_NVFP4_FOUR_OVER_SIX
+        float sfv4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, inv4);
         unsigned int w4[2];
-        float sfv4;
-        unsigned int sfc4 = kv_nvfp4_candidate(x, amax, finite, 4.0f, g, w4, sfv4);
+        kv_nvfp4_codes(x, finite, inv4, w4);
         if (kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w, sfv, g)) {  // ties keep 6
             sfc = sfc4;
             w[0] = w4[0];
             w[1] = w4[1];
         }
-    }
 #endif
-    if ((reinterpret_cast<unsigned long long>(data) & 7ull) == 0) {
-        *reinterpret_cast<uint2*>(data) = make_uint2(w[0], w[1]);
-    } else {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) data[j] = (unsigned char)(w[j >> 2] >> (8 * (j & 3)));
     }
-    *sf = (unsigned char)sfc;
+    return sfc;
 }
 
-extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_write_nvfp4(
+// The codes (8 bytes a block) and sf codes of BPT consecutive blocks: the widest stores the
+// addresses' alignment allows (data 16 or 8 bytes, sf 2 bytes), else bytes.
+template <int BPT>
+__device__ __forceinline__ void kv_nvfp4_store(const unsigned int (&w)[BPT][2], const unsigned int (&sfc)[BPT],
+                                               unsigned char* data, unsigned char* sf) {
+    const unsigned long long a = reinterpret_cast<unsigned long long>(data);
+    if (BPT == 2 && (a & 15ull) == 0) {
+        *reinterpret_cast<uint4*>(data) = make_uint4(w[0][0], w[0][1], w[BPT - 1][0], w[BPT - 1][1]);
+    } else if ((a & 7ull) == 0) {
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) reinterpret_cast<uint2*>(data)[j] = make_uint2(w[j][0], w[j][1]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8 * BPT; ++j) data[j] = (unsigned char)(w[j >> 3][(j >> 2) & 1] >> (8 * (j & 3)));
+    }
+    if (BPT == 2 && (reinterpret_cast<unsigned long long>(sf) & 1ull) == 0) {
+        *reinterpret_cast<unsigned short*>(sf) = (unsigned short)(sfc[0] | (sfc[BPT - 1] << 8));
+    } else {
+#pragma unroll
+        for (int j = 0; j < BPT; ++j) sf[j] = (unsigned char)sfc[j];
+    }
+}
+
+extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_MIN_CTAS) void kvkit_write_nvfp4(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const KV_SLOT_T* __restrict__ slot_mapping,  // (N,) slot = block * block_size + offset
@@ -136,35 +335,60 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, 1) void kvkit_wr
     long long vs_stride_token,                   // bytes
     float k_scale,                               // () per-layer K global scale g
     float v_scale,                               // () per-layer V global scale g
-    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+    int* __restrict__ error_flag,                // (1,) bit 1: a slot >= capacity
+    unsigned int heads_m, int heads_s1, int heads_s2,  // kv_udiv_magic numbers of n_heads
+    unsigned int bs_m, int bs_s1, int bs_s2)           // ... and of block_size
 {
     long long gid = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (gid >= n_tokens * n_heads * KV_NVFP4_BLOCKS) return;
-    const int b = (int)(gid % KV_NVFP4_BLOCKS);
-    const long long row = gid / KV_NVFP4_BLOCKS;  // token * H + head
+    if (gid >= n_tokens * n_heads * KV_NVFP4_GROUPS) return;
+    const int b = (int)(gid % KV_NVFP4_GROUPS) * KV_NVFP4_BPT;  // first block of the thread's
+    const long long row = gid / KV_NVFP4_GROUPS;                // token * H + head
     const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
     long long t, blk, off;
     int h;
-    kv_row_token_head(row, n_heads, narrow, &t, &h);
+    if (narrow) {
+        const unsigned int r = (unsigned int)row, tt = kv_udiv_magic(r, heads_m, heads_s1, heads_s2);
+        t = tt;
+        h = (int)(r - tt * (unsigned int)n_heads);
+    } else {
+        kv_row_token_head(row, n_heads, false, &t, &h);
+    }
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && b == 0) atomicOr(error_flag, 1);
         return;
     }
-    kv_slot_page(slot, block_size, narrow, &blk, &off);
+    if (narrow) {
+        const unsigned int sl = (unsigned int)slot, pg = kv_udiv_magic(sl, bs_m, bs_s1, bs_s2);
+        blk = pg;
+        off = sl - pg * (unsigned int)block_size;
+    } else {
+        kv_slot_page(slot, block_size, false, &blk, &off);
+    }
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
     // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
-    unsigned int kw[KvInputWords<KV_IN_DTYPE, 16>::n], vw[KvInputWords<KV_IN_DTYPE, 16>::n];
-    kv_load_input_words<KV_IN_DTYPE, 16>(k, src, kw);
-    kv_load_input_words<KV_IN_DTYPE, 16>(v, src, vw);
+    constexpr int NW = KvInputWords<KV_IN_DTYPE, 16>::n;  // words of one block
+    unsigned int kw[KV_NVFP4_BPT * NW], vw[KV_NVFP4_BPT * NW];
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(k, src, kw);
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(v, src, vw);
+    unsigned int w[KV_NVFP4_BPT][2], sfc[KV_NVFP4_BPT];
     float x[16];
-    kv_widen_input_words<KV_IN_DTYPE, 16>(kw, x);
-    kv_nvfp4_encode_block(x, k_scale,
-                          k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
-                          k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
-    kv_widen_input_words<KV_IN_DTYPE, 16>(vw, x);
-    kv_nvfp4_encode_block(x, v_scale,
-                          v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
-                          v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);
+#pragma unroll
+    for (int j = 0; j < KV_NVFP4_BPT; ++j) {
+        const unsigned int(&raw)[NW] = *reinterpret_cast<const unsigned int(*)[NW]>(&kw[j * NW]);
+        // NaN payloads never reach an NVFP4 byte (E2M1 has no NaN): the bare widening.
+        kv_widen_input_words<KV_IN_DTYPE, 16, false>(raw, x);
+        sfc[j] = kv_nvfp4_encode_block<KV_IN_DTYPE>(x, raw, k_scale, w[j]);
+    }
+    kv_nvfp4_store<KV_NVFP4_BPT>(w, sfc, k_data + blk * kd_stride_block + h * kd_stride_head + off * kd_stride_token + b * 8,
+                                 k_sf + blk * ks_stride_block + h * ks_stride_head + off * ks_stride_token + b);
+#pragma unroll
+    for (int j = 0; j < KV_NVFP4_BPT; ++j) {
+        const unsigned int(&raw)[NW] = *reinterpret_cast<const unsigned int(*)[NW]>(&vw[j * NW]);
+        kv_widen_input_words<KV_IN_DTYPE, 16, false>(raw, x);
+        sfc[j] = kv_nvfp4_encode_block<KV_IN_DTYPE>(x, raw, v_scale, w[j]);
+    }
+    kv_nvfp4_store<KV_NVFP4_BPT>(w, sfc, v_data + blk * vd_stride_block + h * vd_stride_head + off * vd_stride_token + b * 8,
+                                 v_sf + blk * vs_stride_block + h * vs_stride_head + off * vs_stride_token + b);
 }

@@ -62,6 +62,18 @@ def _instructions(text: str) -> list[tuple[int, str, str]]:
     return out
 
 
+def _instructions_with_predicates(text: str) -> list[tuple[int, str]]:
+    """(address, text) per SASS instruction of the first kernel, predicates kept."""
+    out = []
+    for line in text.splitlines():
+        if "Function" in line and out:
+            break
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+        if m:
+            out.append((int(m.group(1), 16), m.group(2).strip()))
+    return out
+
+
 def _main_loop(ins: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
     """The instructions under the longest backward branch."""
     best = None

@@ -182,13 +182,23 @@ __device__ __forceinline__ void kv_load_input_words_aligned(const void* p, long 
 }
 
 // The values of kv_load_input_words' words: kv_input_to_float's, element for element.
-template <int DT, int N>
+// NAN_PAYLOAD false: a NaN half may widen to any NaN (the bare hardware widening, no NaN test),
+// for callers whose bytes depend only on NaN-ness (the NVFP4 writer: E2M1 has no NaN payload).
+template <int DT, int N, bool NAN_PAYLOAD = true>
 __device__ __forceinline__ void kv_widen_input_words(const unsigned int (&w)[KvInputWords<DT, N>::n], float (&x)[N]) {
     if constexpr (DT == 0) {
 #pragma unroll
         for (int j = 0; j < N; ++j) x[j] = __uint_as_float(w[j]);
     } else {
 #if KVKIT_HW_F16
+        if constexpr (DT == 1 && !NAN_PAYLOAD) {
+#pragma unroll
+            for (int j = 0; j < N; ++j) {
+                const unsigned short hs = (unsigned short)(w[j / 2] >> (16 * (j % 2)));
+                asm("cvt.f32.f16 %0, %1;" : "=f"(x[j]) : "h"(hs));
+            }
+            return;
+        }
         if constexpr (DT == 1) {
             // A NaN half is (h & 0x7FFF) > 0x7C00, i.e. (h & 0x7FFF) + 0x3FF sets bit 15 (no
             // carry leaves a half). Without one, every element takes the bare hardware

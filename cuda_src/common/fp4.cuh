@@ -89,6 +89,28 @@ __device__ __forceinline__ unsigned int kv_e2m1x2_encode_nonan(float lo, float h
     return (cl | ((ul >> 28) & 0x8u)) | ((ch | ((uh >> 28) & 0x8u)) << 4);
 }
 
+// The NVFP4 writer's software E2M1 rounding for a block whose products are all below 7 in
+// magnitude and not NaN (it checks RN(amax * inv) < 7 once per block; RN is monotonic, so
+// every |x_i * inv| is below that too). With e the exponent field of max(|m|, 1) (P =
+// 2^(e - 127) in {1, 2, 4}), the magic M = ((e + 22) << 23) | (1 << 22) | 2 (e - 127) (one
+// IMAD on e) lies in [P 2^22, P 2^23) with an even last bit, so s = RN(|m| + M) is M plus
+// |m| / (P / 2) rounded to nearest even, k: the low byte of s is k + 2 (e - 127), the
+// magnitude code (<= 7 below 7; bits 8..21 of s are zero), and s - M (exact) is the E2M1
+// magnitude. Four instructions (FMNMX, SHF, IMAD, FADD) where kv_e2m1_mag_sw_nonan took nine;
+// the sign is the caller's (bit 3 from the input's sign). CPU model and exhaustive check:
+// kvkit/formats/arch_models.py e2m1_magic, tests/formats/test_e2m1_magic.py.
+struct KvE2m1Magic {
+    unsigned int s;  // bits of RN(|m| + M): code in the low byte
+    float magic;     // M
+};
+__device__ __forceinline__ KvE2m1Magic kv_e2m1_magic(float m) {
+    const unsigned int e = __float_as_uint(fmaxf(fabsf(m), 1.0f)) >> 23;
+    KvE2m1Magic r;
+    r.magic = __uint_as_float(e * 0x800002u + 0x0B3FFF02u);  // (e + 22) << 23 | 1 << 22 | 2 (e - 127)
+    r.s = __float_as_uint(__fadd_rn(fabsf(m), r.magic));
+    return r;
+}
+
 __device__ __forceinline__ unsigned int kv_e2m1_encode(float x) {
 #if KVKIT_HW_FP4
     return kv_e2m1x2_encode(x, 0.0f) & 0xFu;

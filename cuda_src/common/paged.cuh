@@ -70,3 +70,11 @@ __device__ __forceinline__ bool kv_write_indices_narrow(long long n_tokens, int 
     return n_tokens * n_heads <= 0xFFFFFFFFll && capacity <= 0xFFFFFFFFll;
 }
 
+// floor(n / d) for every 32-bit n, d a launch-uniform divisor given by the host's magic numbers
+// (kvkit/cuda/write.py udiv_magic: m, s1, s2; Granlund & Montgomery, "Division by invariant
+// integers using multiplication", PLDI 1994, fig. 4.1): five instructions where a division by
+// a run-time divisor takes about twenty (the NVFP4 writer's narrow row and slot splits).
+__device__ __forceinline__ unsigned int kv_udiv_magic(unsigned int n, unsigned int m, int s1, int s2) {
+    const unsigned int t = __umulhi(m, n);
+    return (t + ((n - t) >> s1)) >> s2;
+}

@@ -27,6 +27,7 @@ def launch_and_record(record, kernel, grid, block, args, shared_mem: int = 0) ->
 _SCALARS = {
     np.dtype(np.int32): ctypes.c_int32,
     np.dtype(np.int64): ctypes.c_int64,
+    np.dtype(np.uint32): ctypes.c_uint32,
     np.dtype(np.uint64): ctypes.c_uint64,
     np.dtype(np.float32): ctypes.c_float,
 }
@@ -34,8 +35,8 @@ _SCALARS = {
 
 def pack_argument(value):
     """The ctypes object holding one kernel argument's bytes: a device array's pointer
-    (anything with ``.data.ptr``, e.g. a CuPy array) or a NumPy int32 / int64 / uint64 /
-    float32 scalar. Python ints and floats are refused: their C type would be a guess."""
+    (anything with ``.data.ptr``, e.g. a CuPy array) or a NumPy int32 / int64 / uint32 /
+    uint64 / float32 scalar. Python ints and floats are refused: their C type would be a guess."""
     data = getattr(value, "data", None)
     if data is not None and hasattr(data, "ptr"):
         return ctypes.c_void_p(int(data.ptr))

@@ -10,8 +10,9 @@ format family             kernel (entry)            launch
 ========================  ========================  ==========================================
 fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8 elements),
                           (write_dense.cu)          256 threads per CTA
-nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 16-block),
-                          (write_nvfp4.cu)          128 threads per CTA
+nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 2 16-blocks;
+                          (write_nvfp4.cu)          see nvfp4_blocks_per_thread), 128 threads
+                                                    per CTA
 turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
                           (write_turboquant.cu)     512), 4 warps per CTA
 ========================  ========================  ==========================================
@@ -47,6 +48,19 @@ DENSE_CHUNK = 8
 NVFP4_THREADS = 128
 NVFP4_BLOCK = 16
 TQ_WARPS = 4
+
+
+def nvfp4_blocks_per_thread(fmt: NVFP4Format, in_dtype: str) -> int:
+    """16-element blocks per thread of ``kvkit_write_nvfp4`` (its ``KV_NVFP4_BPT`` define) for
+    the KV_IN_DTYPE code ``in_dtype``: 2 where D / 16 is even (the index math, slot load and
+    plane addresses serve two blocks of K and two of V), else 1; also 1 for 4over6 with float32
+    inputs (their words spill under its register cap). The kernel's default is the same rule.
+    2 takes more registers (fp16 inputs at sm_90: 72 instead of 59, 28 warps per SM instead of
+    32); ``KVKIT_WRITE_NVFP4_BPT=1`` lowers it for A/B sweeps on a GPU."""
+    if (fmt.head_dim // NVFP4_BLOCK) % 2 or (fmt.four_over_six and in_dtype == "0"):
+        return 1
+    override = _env_int("KVKIT_WRITE_NVFP4_BPT", (1, 2))
+    return 2 if override is None else override
 
 
 #: TurboQuant write launch choices measured on an H200 (sm_90) at 4M token-heads, fp16 inputs,
@@ -169,6 +183,19 @@ def _grid(work: int, per_cta: int) -> tuple[int]:
     return ((work + per_cta - 1) // per_cta,)
 
 
+@cache
+def udiv_magic(d: int) -> tuple:
+    """(m, s1, s2) (uint32, int32, int32) with floor(n / d) == (t + ((n - t) >> s1)) >> s2,
+    t = (m * n) >> 32, for every 32-bit n (cuda_src/common/paged.cuh kv_udiv_magic; Granlund &
+    Montgomery, PLDI 1994, fig. 4.1: l = ceil(log2 d), m = floor(2**32 (2**l - d) / d) + 1).
+    Cached: a layer's head count and page size repeat on every write call."""
+    if not 1 <= d < 1 << 32:
+        raise ValueError(f"divisor must be in [1, 2**32), got {d}")
+    lg = (d - 1).bit_length()
+    m = ((1 << 32) * ((1 << lg) - d)) // d + 1
+    return (np.uint32(m), np.int32(min(lg, 1)), np.int32(max(lg - 1, 0)))
+
+
 def plane_args(plane, name: str = "plane") -> list:
     """[plane, stride_block, stride_head, stride_token] with strides in elements (int64).
 
@@ -258,15 +285,18 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     elif family == "nvfp4":
+        bpt = nvfp4_blocks_per_thread(fmt, code)
+        defines["KV_NVFP4_BPT"] = str(bpt)
         kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
         planes = []
         for name in ("k_data", "k_scale", "v_data", "v_scale"):
             planes += plane_args(p[name])
         args = head + planes + [ks, vs, layer.error_flag]
+        args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
         launch_and_record(
             record,
             kern,
-            _grid(n * h * (d // NVFP4_BLOCK), NVFP4_THREADS),
+            _grid(n * h * (d // (NVFP4_BLOCK * bpt)), NVFP4_THREADS),
             (NVFP4_THREADS,),
             tuple(args),
         )

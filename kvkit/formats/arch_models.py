@@ -122,6 +122,83 @@ def e2m1_software_nonan(x: np.ndarray) -> np.ndarray:
     return np.where(a > 0x7F800000, 0x7, code).astype(np.uint8)
 
 
+#: kv_e2m1_magic's bound: the NVFP4 writer takes it for a block whose largest product
+#: RN(amax * inv) is below this (every |x_i * inv| is then below it too: RN is monotonic).
+E2M1_MAGIC_LIMIT = np.float32(7.0)
+
+
+def e2m1_magic(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """kv_e2m1_magic (fp4.cuh, the NVFP4 writer's software path for |x| < E2M1_MAGIC_LIMIT,
+    x not NaN): (code 0..15, magnitude value) of float32 x.
+
+    e = exponent field of max(|x|, 1) (P = 2**(e - 127) in {1, 2, 4}); the magic
+    M = float32 bits e * 0x800002 + 0x0B3FFF02 = ((e + 22) << 23) | (1 << 22) | 2 (e - 127) lies in
+    [P 2**22, P 2**23), so its ulp is P / 2 and its last bit is even; s = RN(|x| + M) is M plus
+    |x| / (P / 2) rounded to nearest even, whose low bits are then k + 2 (e - 127): the E2M1
+    magnitude code (the low byte of s). s - M (exact) is the E2M1 magnitude itself. The sign
+    bit of x is the code's bit 3 (the kernel takes it from the input words)."""
+    u = _bits(x)
+    a = (u & 0x7FFFFFFF).astype(np.uint32)
+    m = a.view(np.float32)
+    e = _bits(np.maximum(m, np.float32(1))) >> 23
+    magic_bits = (e * 0x800002 + 0x0B3FFF02) & 0xFFFFFFFF
+    magic = magic_bits.astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        s = (m + magic).astype(np.float32)
+        val = (s - magic).astype(np.float32)
+    code = (_bits(s) & 0xFF) | ((u >> 28) & 0x8)
+    return code.astype(np.uint8), val
+
+
+def prmt(a: int, b: int, sel: int) -> int:
+    """PTX prmt.b32 (default mode) on Python ints: byte n of the result is byte (sel nibble n
+    & 7) of the 8 bytes b:a, or that byte's top bit replicated when the nibble's bit 3 is set."""
+    src = (int(b) << 32) | int(a)
+    out = 0
+    for n in range(4):
+        nib = (int(sel) >> (4 * n)) & 0xF
+        byte = (src >> (8 * (nib & 7))) & 0xFF
+        if nib & 8:
+            byte = 0xFF if byte & 0x80 else 0
+        out |= byte << (8 * n)
+    return out
+
+
+def nvfp4_fast_words(
+    x: np.ndarray, raw: np.ndarray, inv: float, dtype_code: int
+) -> tuple[int, int]:
+    """The NVFP4 writer's fast block (write_nvfp4.cu kv_nvfp4_fast_codes + kv_nvfp4_signs) for
+    16 float32 values x whose products |x_i * inv| are below E2M1_MAGIC_LIMIT: the two packed
+    code words, from the magic sums and the raw input words (dtype code 0: float32 bits, one per
+    element; 1 / 2: 16-bit pairs, element 2j in the low half of word j)."""
+    x = np.asarray(x, np.float32)
+    with np.errstate(all="ignore"):
+        m = (x * np.float32(inv)).astype(np.float32)
+    u = _bits(m) & 0x7FFFFFFF
+    mag = u.astype(np.uint32).view(np.float32)
+    e = _bits(np.maximum(mag, np.float32(1))) >> 23
+    magic = ((e * 0x800002 + 0x0B3FFF02) & 0xFFFFFFFF).astype(np.uint32).view(np.float32)
+    s = [int(v) for v in _bits((mag + magic).astype(np.float32))]
+    pair = [(s[2 * j] + (s[2 * j + 1] << 4)) & 0xFFFFFFFF for j in range(8)]
+    w = [int(v) for v in np.asarray(raw, np.uint32)]
+    out = []
+    for h in range(2):
+        p = pair[4 * h : 4 * h + 4]
+        codes = prmt(prmt(p[0], p[1], 0x0040), prmt(p[2], p[3], 0x0040), 0x5410)
+        if dtype_code == 0:
+            b = 8 * h
+            e0, e1 = prmt(w[b], w[b + 2], 0xFFFB), prmt(w[b + 4], w[b + 6], 0xFFFB)
+            o0, o1 = prmt(w[b + 1], w[b + 3], 0xFFFB), prmt(w[b + 5], w[b + 7], 0xFFFB)
+            ev, od = prmt(e0, e1, 0x5410), prmt(o0, o1, 0x5410)
+        else:
+            b = 4 * h
+            a, c = prmt(w[b], w[b + 1], 0xFBD9), prmt(w[b + 2], w[b + 3], 0xFBD9)
+            ev, od = prmt(a, c, 0x5410), prmt(a, c, 0x7632)
+        signs = ((ev & 0x0F0F0F0F) | (od & 0xF0F0F0F0)) & 0x88888888
+        out.append(codes | signs)
+    return out[0], out[1]
+
+
 def f16_software(x: np.ndarray, saturate: bool = False) -> np.ndarray:
     """kv_f16_bits_sw: float32 -> IEEE binary16 bits (uint16); NaN keeps sign and payload
     (NumPy's rule) unless saturating, where every NaN is 0x7E00."""

@@ -32,13 +32,14 @@ def _read(launch, index, ctype):
 
 def test_arguments_are_packed_with_their_c_types():
     args = [_FakeArray(0x7F00_0000_1000), np.int32(-7), np.int64(2**40 + 3), np.float32(1.5),
-            np.uint64(0)]  # fmt: skip
+            np.uint64(0), np.uint32(0xFFFF_FFF0)]  # fmt: skip
     launch = PreparedLaunch(_FakeKernel(), (4, 2), (128,), args, 1024)
     assert _read(launch, 0, ctypes.c_uint64) == 0x7F00_0000_1000
     assert _read(launch, 1, ctypes.c_int32) == -7
     assert _read(launch, 2, ctypes.c_int64) == 2**40 + 3
     assert _read(launch, 3, ctypes.c_float) == 1.5
     assert _read(launch, 4, ctypes.c_uint64) == 0
+    assert _read(launch, 5, ctypes.c_uint32) == 0xFFFF_FFF0  # the write's magic divisors
     assert launch._grid == (4, 2, 1) and launch._block == (128, 1, 1)
     assert launch._func == 0xABC and launch._shared == 1024
 

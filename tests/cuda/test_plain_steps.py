@@ -104,6 +104,20 @@ def test_the_kernel_choice_environment_is_in_the_key(monkeypatch):
     assert plain_steps.kernel_choice_env() != before
 
 
+def test_every_kernel_choosing_variable_is_in_the_key():
+    """A replayed plain call must not reuse a kernel built under other settings: every KVKIT_
+    variable the decode and write launchers read is part of the key (the cache folder and the
+    source folder only say where files are; the compile key covers the source itself)."""
+    import re
+    from pathlib import Path
+
+    root = Path(plain_steps.__file__).parent
+    read = set()
+    for name in ("decode.py", "write.py", "compiler.py"):
+        read |= set(re.findall(r"KVKIT_[A-Z0-9_]+", (root / name).read_text()))
+    assert read - {"KVKIT_CACHE_DIR", "KVKIT_CUDA_SRC"} <= set(plain_steps.KERNEL_ENV)
+
+
 # Shared split partials: CPU stand-ins for device arrays (NumPy memory, its address as
 # data.ptr; a view keeps its base alive, as a CuPy view does).
 

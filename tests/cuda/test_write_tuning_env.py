@@ -57,3 +57,22 @@ def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=name):
         tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
+
+
+def test_nvfp4_blocks_per_thread(monkeypatch):
+    """kvkit_write_nvfp4: two blocks per thread where D / 16 is even, except 4over6 with float32
+    inputs; KVKIT_WRITE_NVFP4_BPT=1 lowers it, never raises it."""
+    from kvkit.cuda.write import nvfp4_blocks_per_thread
+
+    monkeypatch.delenv("KVKIT_WRITE_NVFP4_BPT", raising=False)
+    nv, nv46 = formats.get("nvfp4", 128), formats.get("nvfp4_4over6", 128)
+    assert [nvfp4_blocks_per_thread(nv, c) for c in "012"] == [2, 2, 2]
+    assert [nvfp4_blocks_per_thread(nv46, c) for c in "012"] == [1, 2, 2]
+    assert nvfp4_blocks_per_thread(formats.get("nvfp4", 80), "1") == 1  # 5 blocks
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_BPT", "1")
+    assert nvfp4_blocks_per_thread(nv, "1") == 1
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_BPT", "2")
+    assert nvfp4_blocks_per_thread(formats.get("nvfp4", 48), "1") == 1
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_BPT", "4")
+    with pytest.raises(ValueError, match="KVKIT_WRITE_NVFP4_BPT"):
+        nvfp4_blocks_per_thread(nv, "1")
