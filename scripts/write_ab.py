@@ -1,7 +1,7 @@
 """Write kernel time per launch setting, interleaved, with the host's launch cost hidden.
 
     python scripts/write_ab.py --formats turboquant_4bit_nc,turboquant_k8v4 \
-        --settings "default 4:8 2:16" [--rounds 3] [--json out.json]
+        --settings "default 4:8 2:16" [--rounds 3] [--slots shuffled|sorted] [--json out.json]
 
 A setting is ``default`` or ``RPW:MIN_CTAS`` (KVKIT_WRITE_TQ_RPW / KVKIT_WRITE_TQ_MIN_CTAS for
 the TurboQuant write; other formats ignore them). Each round times every (setting, format) once,
@@ -11,7 +11,10 @@ benchmark's shuffled slot mapping): with a ~1-2 ms kernel the host's ~0.1 ms per
 hidden behind the queue, so the time is the kernel's (``kvkit bench`` times single calls with
 the host included, as a user sees them; its write rows move by a few percent from run to run).
 Prints per format and setting the median over rounds of the per-call median, its spread, and
-the ratio to the first setting.
+the ratio to the first setting. ``--slots sorted`` writes the tokens to consecutive slots (a
+prefill's pattern: whole pages, full 32-byte sectors of every plane) instead of the benchmark's
+shuffled ones (every token a different page: the narrow rows of packed planes, e.g. NVFP4's 8
+scale bytes per row, become partial-sector writes).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9, help="timings per (round, setting, format)")
     ap.add_argument("--batch", type=int, default=10, help="calls per timing")
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--slots", choices=("shuffled", "sorted"), default="shuffled")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -55,7 +59,8 @@ def main() -> None:
     rng = cp.random.RandomState(1)
     k = rng.standard_normal((n, hkv, d), dtype=cp.float32).astype(cp.float16)
     v = rng.standard_normal((n, hkv, d), dtype=cp.float32).astype(cp.float16)
-    slots = cp.asarray(np.random.default_rng(1).permutation(n).astype(np.int64))
+    order = np.arange(n) if args.slots == "sorted" else np.random.default_rng(1).permutation(n)
+    slots = cp.asarray(order.astype(np.int64))
     names = args.formats.split(",")
     settings = args.settings.split()
     layers = {}
