@@ -53,7 +53,7 @@ class Shape:
 
 
 def shape_label(B: int, T: int, Hq=32, Hkv=8, D=128, eq: str = "") -> str:
-    """"B64 T8192", plus " D64" / " Hq128" / " Hkv4" where they differ from the main set (a
+    """ "B64 T8192", plus " D64" / " Hq128" / " Hkv4" where they differ from the main set (a
     None field is left out); eq="=" gives "B=64 T=8192 D=64"."""
     label = f"B{eq}{B} T{eq}{T}"
     for name, value, main in (("D", D, 128), ("Hq", Hq, 32), ("Hkv", Hkv, 8)):
@@ -465,7 +465,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--reps", type=int, default=30, help="timed runs per point (median)")
     ap.add_argument("--quick", action="store_true", help="two shapes only")
     ap.add_argument(
-        "--shapes", type=parse_shapes, default=None,
+        "--shapes",
+        type=parse_shapes,
+        default=None,
         help="decode shapes instead of the set: BxT[xHqxHkvxD],... (e.g. 64x8192,1x131072)",
     )
     ap.add_argument("--no-graph", action="store_true", help="skip CUDA-graph replay timings")

@@ -113,8 +113,10 @@ class DecodePlan:
             len(shape) == 3 and self.shape[1] != 1
         ):
             raise ValueError(f"q must have the planned shape {self.shape}, got {shape}")
-        if not validate and self._prepared is not None and self._prepared.matches(
-            self.layer, q, block_tables, seq_lens
+        if (
+            not validate
+            and self._prepared is not None
+            and self._prepared.matches(self.layer, q, block_tables, seq_lens)
         ):
             self._prepared.launch(q, block_tables, seq_lens)
             o, lse = self.workspace.o, self.workspace.lse

@@ -30,15 +30,17 @@ def good():
 def call(**changes):
     args = good()
     args.update(changes)
-    return check_decode_args(args.pop("q"), args.pop("block_tables"), args.pop("seq_lens"),
-                             **args)
+    return check_decode_args(args.pop("q"), args.pop("block_tables"), args.pop("seq_lens"), **args)
 
 
 def test_valid_call_returns_sizes():
     # Row 1 uses one page: its -1 and 99 entries are padding and are not checked.
     assert call() == (2, 2, 4)
-    assert call(q=np.zeros((2, 4, 16), np.float16), seq_lens=np.array([1, 1], np.int32)) \
-        == (2, 1, 4)
+    assert call(q=np.zeros((2, 4, 16), np.float16), seq_lens=np.array([1, 1], np.int32)) == (
+        2,
+        1,
+        4,
+    )
     assert call(q=np.zeros((2, 2, 4, 16), ml_dtypes.bfloat16))[2] == 4
     assert call(window=1, softcap=30.0, sinks=np.zeros(4, np.float32), num_splits=None)
 
@@ -79,10 +81,16 @@ def test_valid_call_returns_sizes():
         (dict(seq_lens=np.array([40, -1], np.int32)), ValueError, r"seq_lens\[1\] = -1"),
         (dict(seq_lens=np.array([40, 1], np.int32)), ValueError, "shorter than q_len"),
         (dict(seq_lens=np.array([49, 16], np.int32)), ValueError, "capacity"),
-        (dict(block_tables=np.array([[0, 1, 10], [3, 0, 0]], np.int32)), ValueError,
-         r"block_tables\[0, 2\] = 10"),
-        (dict(block_tables=np.array([[0, 1, 2], [-1, 0, 0]], np.int32)), ValueError,
-         r"block_tables\[1, 0\] = -1"),
+        (
+            dict(block_tables=np.array([[0, 1, 10], [3, 0, 0]], np.int32)),
+            ValueError,
+            r"block_tables\[0, 2\] = 10",
+        ),
+        (
+            dict(block_tables=np.array([[0, 1, 2], [-1, 0, 0]], np.int32)),
+            ValueError,
+            r"block_tables\[1, 0\] = -1",
+        ),
     ],
 )
 def test_rejects(changes, exc, match):
@@ -101,15 +109,23 @@ def test_shapes_half_reads_no_data():
 
     args = good()
     out = check_decode_shapes(
-        Opaque((2, 2, 4, 16), np.float32), Opaque((2, 3), np.int32), Opaque((2,), np.int32),
+        Opaque((2, 2, 4, 16), np.float32),
+        Opaque((2, 3), np.int32),
+        Opaque((2,), np.int32),
         **{k: v for k, v in args.items() if k not in ("q", "block_tables", "seq_lens")},
     )
     assert out == (2, 2, 4)
 
 
 def test_indices_half_alone():
-    check_decode_indices(np.array([[5]], np.int32), np.array([16], np.int32), q_len=1,
-                         num_blocks=6, block_size=16)
+    check_decode_indices(
+        np.array([[5]], np.int32), np.array([16], np.int32), q_len=1, num_blocks=6, block_size=16
+    )
     with pytest.raises(ValueError, match="num_blocks=5"):
-        check_decode_indices(np.array([[5]], np.int32), np.array([16], np.int32), q_len=1,
-                             num_blocks=5, block_size=16)
+        check_decode_indices(
+            np.array([[5]], np.int32),
+            np.array([16], np.int32),
+            q_len=1,
+            num_blocks=5,
+            block_size=16,
+        )

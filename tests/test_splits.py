@@ -61,11 +61,18 @@ def test_split_page_range_rejects_bad_arguments(args, exc):
     max_splits=st.integers(1, MAX_SPLITS),
     overhead=st.none() | st.integers(0, 4096),
 )
-def test_choose_num_splits_bounds(batch, num_kv_heads, max_seq_len, block_size, num_workers,
-                                  max_splits, overhead):
-    n = choose_num_splits(batch, num_kv_heads, max_seq_len, block_size,
-                          num_workers=num_workers, max_splits=max_splits,
-                          cta_overhead_tokens=overhead)
+def test_choose_num_splits_bounds(
+    batch, num_kv_heads, max_seq_len, block_size, num_workers, max_splits, overhead
+):
+    n = choose_num_splits(
+        batch,
+        num_kv_heads,
+        max_seq_len,
+        block_size,
+        num_workers=num_workers,
+        max_splits=max_splits,
+        cta_overhead_tokens=overhead,
+    )
     n_pages = -(-max_seq_len // block_size)
     assert 1 <= n <= max_splits
     assert n <= max(1, n_pages)

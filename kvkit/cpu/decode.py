@@ -56,8 +56,20 @@ def _dot(x, y):
 
 
 @njit(cache=True, parallel=True)
-def _stage1_kernel(q, k_pages, v_pages, block_tables, seq_lens, scale, num_splits, window,
-                   softcap, m_out, l_out, acc_out):
+def _stage1_kernel(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    scale,
+    num_splits,
+    window,
+    softcap,
+    m_out,
+    l_out,
+    acc_out,
+):
     # window <= 0 and softcap <= 0 mean "off": Numba kernels take no Optional scalars here,
     # which keeps one compiled specialization for every option combination.
     batch, q_len, num_heads, head_dim = q.shape
@@ -179,8 +191,9 @@ _stage1_serial = serial_twin(_stage1_kernel)
 _merge_serial = serial_twin(_merge_kernel)
 
 
-def decode_stage1(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_splits,
-                  window=None, softcap=None):
+def decode_stage1(
+    q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_splits, window=None, softcap=None
+):
     """Stage 1 of split-K decode: per-split online-softmax state. No argument checks.
 
     Args:
@@ -209,11 +222,18 @@ def decode_stage1(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_spl
     # Work of the call: query rows x tokens x D multiply-adds (tokens bounded by the tables).
     work = batch * q_len * num_heads * block_tables.shape[1] * k_pages.shape[2] * head_dim
     pick(_stage1_kernel, _stage1_serial, work, PARALLEL_MIN_WORK)(
-        q, k_pages, v_pages, block_tables, seq_lens,
-        np.float32(scale), np.int64(num_splits),
+        q,
+        k_pages,
+        v_pages,
+        block_tables,
+        seq_lens,
+        np.float32(scale),
+        np.int64(num_splits),
         np.int64(0 if window is None else window),
         np.float32(0.0 if softcap is None else softcap),
-        m, l_sum, acc,
+        m,
+        l_sum,
+        acc,
     )
     return m, l_sum, acc
 
@@ -237,8 +257,11 @@ def merge_splits(m, l, acc, *, sinks=None):
     acc = np.ascontiguousarray(acc, dtype=np.float32)
     batch, q_len, num_heads, _ = m.shape
     has_sinks = sinks is not None
-    sinks_arr = (np.ascontiguousarray(sinks, dtype=np.float32) if has_sinks
-                 else np.zeros(num_heads, dtype=np.float32))
+    sinks_arr = (
+        np.ascontiguousarray(sinks, dtype=np.float32)
+        if has_sinks
+        else np.zeros(num_heads, dtype=np.float32)
+    )
     o = np.empty((batch, q_len, num_heads, acc.shape[4]), dtype=np.float32)
     lse = np.empty((batch, q_len, num_heads), dtype=np.float32)
     pick(_merge_kernel, _merge_serial, acc.size, PARALLEL_MIN_WORK)(
@@ -247,8 +270,19 @@ def merge_splits(m, l, acc, *, sinks=None):
     return o, lse
 
 
-def decode_pages(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_splits,
-                 window=None, sinks=None, softcap=None):
+def decode_pages(
+    q,
+    k_pages,
+    v_pages,
+    block_tables,
+    seq_lens,
+    *,
+    scale,
+    num_splits,
+    window=None,
+    sinks=None,
+    softcap=None,
+):
     """Paged attention decode over dequantized float32 pages (split-K, two stages).
 
     Query i of sequence b sits at position p = seq_lens[b] - q_len + i and attends to
@@ -284,19 +318,38 @@ def decode_pages(q, k_pages, v_pages, block_tables, seq_lens, *, scale, num_spli
         raise ValueError("q must be a (B, q_len, Hq, D) NumPy array")
     num_blocks, num_kv_heads, block_size, head_dim = k_pages.shape
     batch, q_len, _ = check_decode_args(
-        q, block_tables, seq_lens,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, num_blocks=num_blocks,
-        block_size=block_size, scale=scale, num_splits=num_splits, window=window,
-        sinks=sinks, softcap=softcap,
+        q,
+        block_tables,
+        seq_lens,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        num_blocks=num_blocks,
+        block_size=block_size,
+        scale=scale,
+        num_splits=num_splits,
+        window=window,
+        sinks=sinks,
+        softcap=softcap,
     )
     if num_splits is None:
         max_len = int(np.max(seq_lens)) if batch else 0
         num_splits = choose_num_splits(
-            max(batch, 1), num_kv_heads, max_len, block_size,
-            num_workers=numba.get_num_threads(), max_splits=MAX_SPLITS,
+            max(batch, 1),
+            num_kv_heads,
+            max_len,
+            block_size,
+            num_workers=numba.get_num_threads(),
+            max_splits=MAX_SPLITS,
         )
     m, l_sum, acc = decode_stage1(
-        q, k_pages, v_pages, block_tables, seq_lens,
-        scale=scale, num_splits=num_splits, window=window, softcap=softcap,
+        q,
+        k_pages,
+        v_pages,
+        block_tables,
+        seq_lens,
+        scale=scale,
+        num_splits=num_splits,
+        window=window,
+        softcap=softcap,
     )
     return merge_splits(m, l_sum, acc, sinks=sinks)

@@ -60,8 +60,8 @@ def attention_f64(q, k, v, *, scale=None, window=None, sinks=None, softcap=None)
         pos = seq_len - q_len + i
         start = 0 if window is None else max(0, pos - window + 1)
         for h in range(num_heads):
-            keys = k[start:pos + 1, h // group, :]
-            vals = v[start:pos + 1, h // group, :]
+            keys = k[start : pos + 1, h // group, :]
+            vals = v[start : pos + 1, h // group, :]
             logits = scale * (keys @ q[i, h])
             if softcap is not None:
                 logits = softcap * np.tanh(logits / softcap)

@@ -26,7 +26,6 @@ DISTORTION_RTOL = 0.03
 MERGE_RTOL = 1e-5
 
 
-
 def _float64_pair(a, b) -> tuple[np.ndarray, np.ndarray]:
     """Both as float64 arrays of one shape (ValueError otherwise)."""
     a = np.asarray(a, dtype=np.float64)
@@ -34,6 +33,7 @@ def _float64_pair(a, b) -> tuple[np.ndarray, np.ndarray]:
     if a.shape != b.shape:
         raise ValueError(f"shape mismatch: {a.shape} vs {b.shape}")
     return a, b
+
 
 def rel_error(out: np.ndarray, ref: np.ndarray) -> float:
     """Max over output rows of ||out - ref||_inf / ||ref||_inf, in float64.

@@ -59,7 +59,7 @@ def build(case):
     block_tables = np.full((batch, max_blocks), -7, dtype=np.int32)
     used = 0
     for b, n in enumerate(n_pages):
-        block_tables[b, :n] = perm[used:used + n]
+        block_tables[b, :n] = perm[used : used + n]
         used += n
     # Keys with a few outlier channels, as in LLM caches; values zero-mean.
     k_pages = rng.standard_normal((num_blocks, hkv, bs, d)).astype(np.float32)
@@ -73,9 +73,20 @@ def build(case):
 
 
 def _corner(block_size, rem, **kw):
-    case = dict(block_size=block_size, group=4, num_kv_heads=2, head_dim=128, q_len=4,
-                seq_lens=[3 * block_size + rem, block_size + rem, max(rem, 4)], spare_blocks=1,
-                window=None, sinks=False, softcap=None, peak=1.0, seed=block_size + rem)
+    case = dict(
+        block_size=block_size,
+        group=4,
+        num_kv_heads=2,
+        head_dim=128,
+        q_len=4,
+        seq_lens=[3 * block_size + rem, block_size + rem, max(rem, 4)],
+        spare_blocks=1,
+        window=None,
+        sinks=False,
+        softcap=None,
+        peak=1.0,
+        seed=block_size + rem,
+    )
     case.update(kw)
     return case
 
@@ -93,8 +104,9 @@ def test_decode_matches_float64_and_is_split_invariant(case):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         for num_splits in SPLIT_COUNTS:
-            o, lse = decode_pages(q, k_pages, v_pages, block_tables, seq_lens,
-                                  num_splits=num_splits, **opts)
+            o, lse = decode_pages(
+                q, k_pages, v_pages, block_tables, seq_lens, num_splits=num_splits, **opts
+            )
             assert o.dtype == np.float32 and lse.dtype == np.float32
             assert o.shape == q.shape and lse.shape == q.shape[:3]
             assert rel_error(o, ref_o) <= DECODE_CPU_RTOL, num_splits
@@ -109,9 +121,16 @@ def test_decode_matches_float64_and_is_split_invariant(case):
 def test_stage1_empty_splits_are_neutral():
     case = _corner(16, 1, window=5)
     q, k_pages, v_pages, block_tables, seq_lens, opts = build(case)
-    m, l_sum, acc = decode_stage1(q, k_pages, v_pages, block_tables, seq_lens,
-                                  scale=opts["scale"], num_splits=MAX_SPLITS,
-                                  window=opts["window"])
+    m, l_sum, acc = decode_stage1(
+        q,
+        k_pages,
+        v_pages,
+        block_tables,
+        seq_lens,
+        scale=opts["scale"],
+        num_splits=MAX_SPLITS,
+        window=opts["window"],
+    )
     assert m.shape == l_sum.shape == q.shape[:3] + (MAX_SPLITS,)
     assert acc.shape == q.shape[:3] + (MAX_SPLITS, q.shape[3])
     for b, seq_len in enumerate(seq_lens):
@@ -124,8 +143,9 @@ def test_stage1_empty_splits_are_neutral():
                 assert np.all(l_sum[b, :, :, s] == 0)
                 assert np.all(acc[b, :, :, s] == 0)
     o, lse = merge_splits(m, l_sum, acc)
-    o_ref, lse_ref = decode_pages(q, k_pages, v_pages, block_tables, seq_lens,
-                                  num_splits=MAX_SPLITS, **opts)
+    o_ref, lse_ref = decode_pages(
+        q, k_pages, v_pages, block_tables, seq_lens, num_splits=MAX_SPLITS, **opts
+    )
     # Same kernels, same order: the two stages called separately give the same bits.
     np.testing.assert_array_equal(o, o_ref)
     np.testing.assert_array_equal(lse, lse_ref)
@@ -162,10 +182,10 @@ def test_merge_splits_sink_above_all_logits():
 def test_half_precision_query_is_widened():
     q, k_pages, v_pages, block_tables, seq_lens, opts = build(_corner(32, 1))
     q16 = q.astype(np.float16)
-    o16, lse16 = decode_pages(q16, k_pages, v_pages, block_tables, seq_lens, num_splits=3,
-                              **opts)
-    o32, lse32 = decode_pages(q16.astype(np.float32), k_pages, v_pages, block_tables,
-                              seq_lens, num_splits=3, **opts)
+    o16, lse16 = decode_pages(q16, k_pages, v_pages, block_tables, seq_lens, num_splits=3, **opts)
+    o32, lse32 = decode_pages(
+        q16.astype(np.float32), k_pages, v_pages, block_tables, seq_lens, num_splits=3, **opts
+    )
     np.testing.assert_array_equal(o16, o32)
     np.testing.assert_array_equal(lse16, lse32)
 
@@ -180,16 +200,28 @@ def test_auto_split_count():
 
 def test_long_sequence_peaked():
     # A longer context (2k tokens) with one strongly preferred key per head.
-    case = dict(block_size=64, group=4, num_kv_heads=1, head_dim=128, q_len=1,
-                seq_lens=[2048 + 1], spare_blocks=0, window=None, sinks=True, softcap=None,
-                peak=1.0, seed=7)
+    case = dict(
+        block_size=64,
+        group=4,
+        num_kv_heads=1,
+        head_dim=128,
+        q_len=1,
+        seq_lens=[2048 + 1],
+        spare_blocks=0,
+        window=None,
+        sinks=True,
+        softcap=None,
+        peak=1.0,
+        seed=7,
+    )
     q, k_pages, v_pages, block_tables, seq_lens, opts = build(case)
     page, off = block_tables[0, 1000 // 64], 1000 % 64
     k_pages[page, 0, off] = 3.0 * q[0, 0, 0] / np.linalg.norm(q[0, 0, 0]) * np.sqrt(128)
     ref_o, ref_lse = paged_attention_f64(q, k_pages, v_pages, block_tables, seq_lens, **opts)
     for num_splits in SPLIT_COUNTS:
-        o, lse = decode_pages(q, k_pages, v_pages, block_tables, seq_lens,
-                              num_splits=num_splits, **opts)
+        o, lse = decode_pages(
+            q, k_pages, v_pages, block_tables, seq_lens, num_splits=num_splits, **opts
+        )
         assert rel_error(o, ref_o) <= DECODE_CPU_RTOL
         assert lse_error(lse, ref_lse) <= DECODE_CPU_RTOL
 
@@ -206,9 +238,22 @@ def test_long_sequence_peaked():
 )
 def test_decode_pages_rejects_bad_arguments(mutate, exc, match):
     q, k_pages, v_pages, block_tables, seq_lens, opts = build(_corner(16, 1))
-    args = dict(q=q, k_pages=k_pages, v_pages=v_pages, block_tables=block_tables,
-                seq_lens=seq_lens, num_splits=2, **opts)
+    args = dict(
+        q=q,
+        k_pages=k_pages,
+        v_pages=v_pages,
+        block_tables=block_tables,
+        seq_lens=seq_lens,
+        num_splits=2,
+        **opts,
+    )
     mutate(args)
     with pytest.raises(exc, match=match):
-        decode_pages(args.pop("q"), args.pop("k_pages"), args.pop("v_pages"),
-                     args.pop("block_tables"), args.pop("seq_lens"), **args)
+        decode_pages(
+            args.pop("q"),
+            args.pop("k_pages"),
+            args.pop("v_pages"),
+            args.pop("block_tables"),
+            args.pop("seq_lens"),
+            **args,
+        )

@@ -34,7 +34,7 @@ def test_merge_of_disjoint_parts_equals_full_attention(sizes, num_heads, peak, s
     parts_o, parts_lse = [], []
     start = 0
     for n in sizes:
-        idx = np.sort(order[start:start + n])
+        idx = np.sort(order[start : start + n])
         start += n
         if n == 0:
             # An empty part: lse = -inf, and o may be garbage (NaN) that must be ignored.
@@ -103,8 +103,9 @@ def test_agrees_with_split_merge_of_decode():
     q = rng.standard_normal((1, 1, 2, d)).astype(np.float32)
     block_tables = rng.permutation(6)[None].astype(np.int32)
     seq_lens = np.array([70], dtype=np.int32)
-    m, l_sum, acc = decode_stage1(q, k_pages, v_pages, block_tables, seq_lens,
-                                  scale=1 / np.sqrt(d), num_splits=splits)
+    m, l_sum, acc = decode_stage1(
+        q, k_pages, v_pages, block_tables, seq_lens, scale=1 / np.sqrt(d), num_splits=splits
+    )
     o_ref, lse_ref = merge_splits(m, l_sum, acc)
     with np.errstate(divide="ignore", invalid="ignore"):
         part_o = np.where(l_sum[..., None] > 0, acc / l_sum[..., None], np.float32(0))

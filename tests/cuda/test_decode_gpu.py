@@ -88,7 +88,7 @@ class Case:
         self.block_tables = np.full((batch, max_blocks), -7, dtype=np.int32)
         used = 0
         for b, npg in enumerate(n_pages):
-            self.block_tables[b, :npg] = perm[used:used + npg]
+            self.block_tables[b, :npg] = perm[used : used + npg]
             used += npg
 
         hq = hkv * group

@@ -141,7 +141,7 @@ def test_vlane_reductions_and_fwht_match_the_spec(r_count, e, data):
     d = 32 * e
     if data is None:
         rng = np.random.default_rng(r_count * 10 + e)
-        rows = (rng.standard_normal((r_count, d)) * 10 ** rng.uniform(-4, 4, (r_count, d)))
+        rows = rng.standard_normal((r_count, d)) * 10 ** rng.uniform(-4, 4, (r_count, d))
         rows = rows.astype(np.float32)
     else:
         finite = st.floats(-1e6, 1e6, width=32, allow_subnormal=True)

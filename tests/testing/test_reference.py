@@ -101,7 +101,9 @@ def test_gqa_head_mapping():
     v = rng.standard_normal((5, 2, 8))
     o, lse = attention_f64(q, k, v)
     for h in range(4):
-        o_h, lse_h = attention_f64(q[:, h:h + 1], k[:, h // 2:h // 2 + 1], v[:, h // 2:h // 2 + 1])
+        o_h, lse_h = attention_f64(
+            q[:, h : h + 1], k[:, h // 2 : h // 2 + 1], v[:, h // 2 : h // 2 + 1]
+        )
         _close(o[:, h], o_h[:, 0])
         _close(lse[:, h], lse_h[:, 0])
 
