@@ -13,8 +13,9 @@ fp16, bf16, fp8_e4m3      ``kvkit_write_dense``     1 thread per (token, head, 8
 nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 2 16-blocks;
                           (write_nvfp4.cu)          see nvfp4_blocks_per_thread), 128 threads
                                                     per CTA
-turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (2 at D =
-                          (write_turboquant.cu)     512), 4 warps per CTA
+turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (MSE keys;
+                          (write_turboquant.cu)     2 at D = 512) or 2 (FP8 keys), 4 warps per
+                                                    CTA (see tq_rows_per_warp)
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
