@@ -346,26 +346,14 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
     long long t, blk, off;
     int h;
-    if (narrow) {
-        const unsigned int r = (unsigned int)row, tt = kv_udiv_magic(r, heads_m, heads_s1, heads_s2);
-        t = tt;
-        h = (int)(r - tt * (unsigned int)n_heads);
-    } else {
-        kv_row_token_head(row, n_heads, false, &t, &h);
-    }
+    kv_row_token_head(row, KvUDiv{n_heads, heads_m, heads_s1, heads_s2}, narrow, &t, &h);
     const long long slot = (long long)slot_mapping[t];
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && b == 0) atomicOr(error_flag, 1);
         return;
     }
-    if (narrow) {
-        const unsigned int sl = (unsigned int)slot, pg = kv_udiv_magic(sl, bs_m, bs_s1, bs_s2);
-        blk = pg;
-        off = sl - pg * (unsigned int)block_size;
-    } else {
-        kv_slot_page(slot, block_size, false, &blk, &off);
-    }
+    kv_slot_page(slot, KvUDiv{block_size, bs_m, bs_s1, bs_s2}, narrow, &blk, &off);
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
     // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
     constexpr int NW = KvInputWords<KV_IN_DTYPE, 16>::n;  // words of one block

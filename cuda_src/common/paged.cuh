@@ -73,8 +73,34 @@ __device__ __forceinline__ bool kv_write_indices_narrow(long long n_tokens, int 
 // floor(n / d) for every 32-bit n, d a launch-uniform divisor given by the host's magic numbers
 // (kvkit/cuda/write.py udiv_magic: m, s1, s2; Granlund & Montgomery, "Division by invariant
 // integers using multiplication", PLDI 1994, fig. 4.1): five instructions where a division by
-// a run-time divisor takes about twenty (the NVFP4 writer's narrow row and slot splits).
-__device__ __forceinline__ unsigned int kv_udiv_magic(unsigned int n, unsigned int m, int s1, int s2) {
-    const unsigned int t = __umulhi(m, n);
-    return (t + ((n - t) >> s1)) >> s2;
+// a run-time divisor takes about twenty.
+struct KvUDiv {
+    int d;         // the divisor (n_heads or block_size), for the wide path and remainders
+    unsigned m;    // magic multiplier
+    int s1, s2;    // shifts
+};
+__device__ __forceinline__ unsigned int kv_udiv_magic(unsigned int n, const KvUDiv& q) {
+    const unsigned int t = __umulhi(q.m, n);
+    return (t + ((n - t) >> q.s1)) >> q.s2;
+}
+// kv_row_token_head / kv_slot_page with the narrow path's division by magic numbers.
+__device__ __forceinline__ void kv_row_token_head(long long row, const KvUDiv& heads, bool narrow,
+                                                  long long* token, int* head) {
+    if (narrow) {
+        const unsigned r = (unsigned)row, t = kv_udiv_magic(r, heads);
+        *token = (long long)t;
+        *head = (int)(r - t * (unsigned)heads.d);
+    } else {
+        kv_row_token_head(row, heads.d, false, token, head);
+    }
+}
+__device__ __forceinline__ void kv_slot_page(long long slot, const KvUDiv& bs, bool narrow,
+                                             long long* page, long long* offset) {
+    if (narrow) {
+        const unsigned s = (unsigned)slot, b = kv_udiv_magic(s, bs);
+        *page = (long long)b;
+        *offset = (long long)(s - b * (unsigned)bs.d);
+    } else {
+        kv_slot_page(slot, bs.d, false, page, offset);
+    }
 }
