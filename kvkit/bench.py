@@ -220,21 +220,28 @@ def _fill_layer(layer, n_slots: int, rng) -> None:
                        cp.arange(s, s + n, dtype=cp.int64))  # fmt: skip
 
 
-def build_decode_case(name: str, shape: Shape, rng):
-    """A cache holding B sequences of T tokens on shuffled pages, and its block tables."""
+def build_decode_case(
+    name: str, shape: Shape, rng, *, block_size: int = BLOCK_SIZE, shuffle: bool = True,
+    seed: int = 0,
+):  # fmt: skip
+    """A cache holding B sequences of T tokens on pages of block_size tokens, shuffled (a
+    seeded permutation, the benchmark's layout) or in order, and its (B, pages) int32 block
+    tables."""
     import cupy as cp
 
     import kvkit
 
     fmt = formats.get(name, shape.D)
-    pages = math.ceil(shape.T / BLOCK_SIZE)
-    cache = kvkit.PagedKVCache(fmt, 1, shape.Hkv, shape.B * pages, BLOCK_SIZE, backend="cuda")
+    pages = math.ceil(shape.T / block_size)
+    cache = kvkit.PagedKVCache(fmt, 1, shape.Hkv, shape.B * pages, block_size, backend="cuda")
     layer = cache.layer(0)
     if fmt.has_global_scales:  # data ~ N(0, 1): amax about 5
         layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
-    _fill_layer(layer, shape.B * pages * BLOCK_SIZE, rng)
-    perm = np.random.default_rng(0).permutation(shape.B * pages).astype(np.int32)
-    return layer, cp.asarray(perm.reshape(shape.B, pages))
+    _fill_layer(layer, shape.B * pages * block_size, rng)
+    order = np.arange(shape.B * pages)
+    if shuffle:
+        order = np.random.default_rng(seed).permutation(order)
+    return layer, cp.asarray(order.astype(np.int32).reshape(shape.B, pages))
 
 
 def decode_bytes(fmt, shape: Shape) -> int:
@@ -321,24 +328,45 @@ def bench_decode(names, shapes, reps, copy_bw, graph=True):
     return rows
 
 
+def write_inputs(head_dim: int = 128, num_kv_heads: int = 8, *, sorted_slots: bool = False):
+    """The write benchmark's inputs: k, v (N, Hkv, D) float16 (N = 4M token-heads / Hkv,
+    standard normal) and slots (N,) int64, a seeded permutation of the cache's N slots (every
+    token on a different page) or, with sorted_slots, 0..N-1 (a prefill's whole pages)."""
+    import cupy as cp
+
+    n = WRITE_TOKEN_HEADS // num_kv_heads
+    rng = cp.random.RandomState(1)
+    k = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
+    v = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
+    order = np.arange(n) if sorted_slots else np.random.default_rng(1).permutation(n)
+    return k, v, cp.asarray(order.astype(np.int64))
+
+
+def write_layer(fmt, num_kv_heads: int, n_slots: int):
+    """A CUDA cache layer of n_slots slots (16-token pages) for the write benchmark, global
+    scales (where the format has them) calibrated for standard-normal data."""
+    import kvkit
+
+    cache = kvkit.PagedKVCache(fmt, 1, num_kv_heads, n_slots // BLOCK_SIZE, BLOCK_SIZE,
+                               backend="cuda")  # fmt: skip
+    layer = cache.layer(0)
+    if fmt.has_global_scales:
+        layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
+    return layer
+
+
 def bench_write(names, reps, copy_bw, head_dim=128, num_kv_heads=8):
     """write_kv of 4M token-heads (fp16 in) into a shuffled slot mapping."""
     import cupy as cp
 
     import kvkit
 
-    n = WRITE_TOKEN_HEADS // num_kv_heads
-    rng = cp.random.RandomState(1)
-    k = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
-    v = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
-    slots = cp.asarray(np.random.default_rng(1).permutation(n).astype(np.int64))
+    k, v, slots = write_inputs(head_dim, num_kv_heads)
+    n = k.shape[0]
     rows = []
     for name in names:
         fmt = formats.get(name, head_dim)
-        layer = kvkit.PagedKVCache(fmt, 1, num_kv_heads, n // BLOCK_SIZE, BLOCK_SIZE,
-                                   backend="cuda").layer(0)  # fmt: skip
-        if fmt.has_global_scales:
-            layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
+        layer = write_layer(fmt, num_kv_heads, n)
         ms = time_ms(lambda i, layer=layer: kvkit.write_kv(layer, k, v, slots), reps)
         nbytes = n * num_kv_heads * (2 * head_dim * 2 + fmt.bytes_per_token_head) + n * 8
         rows.append(

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 
-import numpy as np
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -28,7 +26,7 @@ def main() -> None:
 
     import kvkit
     from kvkit import formats
-    from kvkit.bench import _fill_layer, _l2_bytes, decode_bytes, graph_ms, parse_shapes
+    from kvkit.bench import _l2_bytes, build_decode_case, decode_bytes, graph_ms, parse_shapes
 
     rng = cp.random.RandomState(0)
     l2 = _l2_bytes()
@@ -46,18 +44,9 @@ def main() -> None:
                 pages = math.ceil(shape.T / bs)
                 cases = []
                 for r in range(n_rot):
-                    cache = kvkit.PagedKVCache(fmt, 1, shape.Hkv, shape.B * pages, bs,
-                                               backend="cuda")  # fmt: skip
-                    layer = cache.layer(0)
-                    if fmt.has_global_scales:
-                        layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
-                    _fill_layer(layer, shape.B * pages * bs, rng)
-                    order = np.arange(shape.B * pages, dtype=np.int32)
-                    if shuffle:
-                        order = np.random.default_rng(r).permutation(order).astype(np.int32)
-                    tables = cp.asarray(order.reshape(shape.B, pages))
-                    plan = kvkit.DecodePlan(layer, shape.B, shape.Hq, pages)
-                    cases.append((plan, tables))
+                    layer, tables = build_decode_case(name, shape, rng, block_size=bs,
+                                                      shuffle=shuffle, seed=r)  # fmt: skip
+                    cases.append((kvkit.DecodePlan(layer, shape.B, shape.Hq, pages), tables))
 
                 def step(i, cases=cases, q=q, lens=lens):
                     plan, tables = cases[i % len(cases)]

@@ -52,25 +52,12 @@ def main() -> None:
 
     import kvkit
     from kvkit import formats
-    from kvkit.bench import BLOCK_SIZE, WRITE_TOKEN_HEADS
+    from kvkit.bench import write_inputs, write_layer
 
-    hkv, d = 8, args.head_dim
-    n = WRITE_TOKEN_HEADS // hkv
-    rng = cp.random.RandomState(1)
-    k = rng.standard_normal((n, hkv, d), dtype=cp.float32).astype(cp.float16)
-    v = rng.standard_normal((n, hkv, d), dtype=cp.float32).astype(cp.float16)
-    order = np.arange(n) if args.slots == "sorted" else np.random.default_rng(1).permutation(n)
-    slots = cp.asarray(order.astype(np.int64))
+    k, v, slots = write_inputs(args.head_dim, 8, sorted_slots=args.slots == "sorted")
     names = args.formats.split(",")
     settings = args.settings.split()
-    layers = {}
-    for name in names:
-        fmt = formats.get(name, d)
-        cache = kvkit.PagedKVCache(fmt, 1, hkv, n // BLOCK_SIZE, BLOCK_SIZE, backend="cuda")
-        layer = cache.layer(0)
-        if fmt.has_global_scales:
-            layer.k_scale = layer.v_scale = fmt.calibrate(np.array([5.0]))
-        layers[name] = layer
+    layers = {name: write_layer(formats.get(name, args.head_dim), 8, k.shape[0]) for name in names}
     start, stop = cp.cuda.Event(), cp.cuda.Event()
 
     def one(layer) -> float:
