@@ -328,18 +328,42 @@ def bench_decode(names, shapes, reps, copy_bw, graph=True):
     return rows
 
 
-def write_inputs(head_dim: int = 128, num_kv_heads: int = 8, *, sorted_slots: bool = False):
+#: Slot orders of the write benchmark. "pages": the pages in a seeded random order, the tokens
+#: of each page in order (what a paged prefill's slot mapping looks like: the block allocator's
+#: pages are scattered, a sequence fills each page it gets); "scatter": a seeded permutation of
+#: all slots (every token on a different page, as the B tokens of one decode step are); "sorted":
+#: 0..N-1 (one long contiguous run). Packed planes with narrow rows (NVFP4's 8 scale bytes per
+#: token, a TurboQuant slot of 134 bytes) turn into partial-sector writes under "scatter".
+WRITE_SLOT_ORDERS = ("pages", "scatter", "sorted")
+
+
+def write_slots(n: int, order: str, block_size: int = 16, seed: int = 1) -> np.ndarray:
+    """Slot mapping (n,) int64 of the write benchmark: a permutation of 0..n-1 in one of
+    WRITE_SLOT_ORDERS; n must be a multiple of block_size for "pages"."""
+    rng = np.random.default_rng(seed)
+    if order == "sorted":
+        return np.arange(n, dtype=np.int64)
+    if order == "scatter":
+        return rng.permutation(n).astype(np.int64)
+    if order == "pages":
+        if n % block_size:
+            raise ValueError(f"n={n} is not a multiple of block_size={block_size}")
+        pages = rng.permutation(n // block_size).astype(np.int64)
+        t = np.arange(n, dtype=np.int64)
+        return pages[t // block_size] * block_size + t % block_size
+    raise ValueError(f"slot order must be one of {WRITE_SLOT_ORDERS}, got {order!r}")
+
+
+def write_inputs(head_dim: int = 128, num_kv_heads: int = 8, *, slot_order: str = "pages"):
     """The write benchmark's inputs: k, v (N, Hkv, D) float16 (N = 4M token-heads / Hkv,
-    standard normal) and slots (N,) int64, a seeded permutation of the cache's N slots (every
-    token on a different page) or, with sorted_slots, 0..N-1 (a prefill's whole pages)."""
+    standard normal) and slots (N,) int64 (write_slots in `slot_order`, 16-token pages)."""
     import cupy as cp
 
     n = WRITE_TOKEN_HEADS // num_kv_heads
     rng = cp.random.RandomState(1)
     k = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
     v = rng.standard_normal((n, num_kv_heads, head_dim), dtype=cp.float32).astype(cp.float16)
-    order = np.arange(n) if sorted_slots else np.random.default_rng(1).permutation(n)
-    return k, v, cp.asarray(order.astype(np.int64))
+    return k, v, cp.asarray(write_slots(n, slot_order, BLOCK_SIZE))
 
 
 def write_layer(fmt, num_kv_heads: int, n_slots: int):
@@ -355,31 +379,36 @@ def write_layer(fmt, num_kv_heads: int, n_slots: int):
     return layer
 
 
-def bench_write(names, reps, copy_bw, head_dim=128, num_kv_heads=8):
-    """write_kv of 4M token-heads (fp16 in) into a shuffled slot mapping."""
+def bench_write(names, reps, copy_bw, head_dim=128, num_kv_heads=8, orders=("pages", "scatter")):
+    """write_kv of 4M token-heads (fp16 in) per format and slot order (WRITE_SLOT_ORDERS);
+    rows carry the order under "slots"."""
     import cupy as cp
 
     import kvkit
 
-    k, v, slots = write_inputs(head_dim, num_kv_heads)
-    n = k.shape[0]
     rows = []
-    for name in names:
-        fmt = formats.get(name, head_dim)
-        layer = write_layer(fmt, num_kv_heads, n)
-        ms = time_ms(lambda i, layer=layer: kvkit.write_kv(layer, k, v, slots), reps)
-        nbytes = n * num_kv_heads * (2 * head_dim * 2 + fmt.bytes_per_token_head) + n * 8
-        rows.append(
-            dict(
-                op="write", format=name, B=n, T=1, Hq=None, Hkv=num_kv_heads, D=head_dim,
-                kvkit_ms=round(ms, 4), sdpa_fp16_ms=None, bytes=nbytes,
-                effective_TBps=round(nbytes / (ms * 1e-3) / 1e12, 3),
-                copy_TBps=round(copy_bw, 3), graph=False,
+    for order in orders:
+        k, v, slots = write_inputs(head_dim, num_kv_heads, slot_order=order)
+        n = k.shape[0]
+        for name in names:
+            fmt = formats.get(name, head_dim)
+            layer = write_layer(fmt, num_kv_heads, n)
+            ms = time_ms(
+                lambda i, layer=layer, k=k, v=v, s=slots: kvkit.write_kv(layer, k, v, s), reps
             )
-        )  # fmt: skip
-        print(f"write  {name:<20} {n * num_kv_heads} token-heads {ms:8.3f} ms", flush=True)
-        del layer
-        cp.get_default_memory_pool().free_all_blocks()
+            nbytes = n * num_kv_heads * (2 * head_dim * 2 + fmt.bytes_per_token_head) + n * 8
+            rows.append(
+                dict(
+                    op="write", format=name, B=n, T=1, Hq=None, Hkv=num_kv_heads, D=head_dim,
+                    kvkit_ms=round(ms, 4), sdpa_fp16_ms=None, bytes=nbytes,
+                    effective_TBps=round(nbytes / (ms * 1e-3) / 1e12, 3),
+                    copy_TBps=round(copy_bw, 3), graph=False, slots=order,
+                )
+            )  # fmt: skip
+            print(f"write  {name:<20} {n * num_kv_heads} token-heads, {order:<7} slots "
+                  f"{ms:8.3f} ms", flush=True)  # fmt: skip
+            del layer
+            cp.get_default_memory_pool().free_all_blocks()
     return rows
 
 
@@ -390,7 +419,7 @@ def print_table(rows) -> None:
         if r["op"] == "decode":
             shape = row_label(r)
         else:
-            shape = f"{r['B'] * r['T'] * r['Hkv']} token-heads"
+            shape = f"{r['B'] * r['T'] * r['Hkv']} th, {r.get('slots', 'scatter')}"
         sd = r["sdpa_fp16_ms"]
         ratio = f"{sd / r['kvkit_ms']:.2f}x" if sd else "-"
         print(
@@ -432,10 +461,12 @@ def markdown_tables(rows) -> str:
         )
     writes = [r for r in rows if r["op"] == "write"]
     if writes:
-        out += ["", "| format | token-heads | ms | TB/s | % of copy |", "|---|---|---|---|---|"]
+        out += ["", "| format | token-heads | slots | ms | TB/s | % of copy |",
+                "|---|---|---|---|---|---|"]  # fmt: skip
         for r in writes:
             out.append(
-                f"| {r['format']} | {r['B'] * r['T'] * r['Hkv']} | {r['kvkit_ms']:.3f} "
+                f"| {r['format']} | {r['B'] * r['T'] * r['Hkv']} | {r.get('slots', 'scatter')} "
+                f"| {r['kvkit_ms']:.3f} "
                 f"| {r['effective_TBps']:.2f} | {100 * r['effective_TBps'] / r['copy_TBps']:.1f} |"
             )
     return "\n".join(out) + "\n"

@@ -19,14 +19,21 @@ from kvkit.bench import plot
 KEY = ("op", "format", "B", "T", "Hq", "Hkv", "D", "graph")
 
 
+def row_key(r: dict) -> tuple:
+    """A row's identity: KEY, plus the slot order of write rows (rows written before the
+    benchmark had slot orders used the scatter order)."""
+    slots = r.get("slots", "scatter") if r["op"] == "write" else None
+    return tuple(r[k] for k in KEY) + (slots,)
+
+
 def merge(base: list[dict], updates: list[list[dict]]) -> tuple[list[dict], int, int]:
     """Rows of base with updates applied in order; returns (rows, replaced, appended)."""
-    index = {tuple(r[k] for k in KEY): i for i, r in enumerate(base)}
+    index = {row_key(r): i for i, r in enumerate(base)}
     rows = list(base)
     replaced = appended = 0
     for update in updates:
         for r in update:
-            key = tuple(r[k] for k in KEY)
+            key = row_key(r)
             if key in index:
                 rows[index[key]] = r
                 replaced += 1

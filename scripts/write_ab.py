@@ -1,20 +1,22 @@
 """Write kernel time per launch setting, interleaved, with the host's launch cost hidden.
 
     python scripts/write_ab.py --formats turboquant_4bit_nc,turboquant_k8v4 \
-        --settings "default 4:8 2:16" [--rounds 3] [--slots shuffled|sorted] [--json out.json]
+        --settings "default 4:8 2:16" [--rounds 3] [--slots pages|scatter|sorted] [--json out.json]
 
-A setting is ``default`` or ``RPW:MIN_CTAS`` (KVKIT_WRITE_TQ_RPW / KVKIT_WRITE_TQ_MIN_CTAS for
-the TurboQuant write; other formats ignore them). Each round times every (setting, format) once,
-in turn, so clock or thermal drift over the run hits every setting alike. One timing = CUDA
-events around ``batch`` back-to-back ``kvkit.write_kv`` calls of 4M token-heads (fp16 in, the
-benchmark's shuffled slot mapping): with a ~1-2 ms kernel the host's ~0.1 ms per call stays
-hidden behind the queue, so the time is the kernel's (``kvkit bench`` times single calls with
-the host included, as a user sees them; its write rows move by a few percent from run to run).
+A setting is ``default``, ``RPW:MIN_CTAS`` (KVKIT_WRITE_TQ_RPW / KVKIT_WRITE_TQ_MIN_CTAS for
+the TurboQuant write; other formats ignore them) or ``NAME=VALUE[,NAME=VALUE...]``: any
+KVKIT_WRITE_* variables that choose a write kernel variant (kvkit/cuda/write.py). Each round
+times every (setting, format) once, in turn, so clock or thermal drift over the run hits every
+setting alike. One timing = CUDA events around ``batch`` back-to-back ``kvkit.write_kv`` calls
+of 4M token-heads (fp16 in, the slot mapping of --slots): with a ~1-2 ms kernel the host's
+~0.1 ms per call stays hidden behind the queue, so the time is the kernel's (``kvkit bench``
+times single calls with the host included, as a user sees them; its write rows move by a few
+percent from run to run).
 Prints per format and setting the median over rounds of the per-call median, its spread, and
-the ratio to the first setting. ``--slots sorted`` writes the tokens to consecutive slots (a
-prefill's pattern: whole pages, full 32-byte sectors of every plane) instead of the benchmark's
-shuffled ones (every token a different page: the narrow rows of packed planes, e.g. NVFP4's 8
-scale bytes per row, become partial-sector writes).
+the ratio to the first setting. ``--slots`` picks the slot mapping (kvkit.bench.write_slots):
+``pages`` (the default: pages in a random order, tokens in page order, a paged prefill's
+mapping), ``scatter`` (every token a different page: the narrow rows of packed planes, e.g.
+NVFP4's 8 scale bytes per row, become partial-sector writes) or ``sorted``.
 """
 
 from __future__ import annotations
@@ -29,9 +31,17 @@ ENV = ("KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS")
 
 
 def _apply(setting: str) -> None:
-    for name in ENV:
-        os.environ.pop(name, None)
-    if setting != "default":
+    for name in [n for n in os.environ if n.startswith("KVKIT_WRITE_")]:
+        os.environ.pop(name)
+    if setting == "default":
+        return
+    if "=" in setting:
+        for item in setting.split(","):
+            name, value = item.split("=", 1)
+            if not name.startswith("KVKIT_WRITE_"):
+                raise SystemExit(f"setting {setting!r}: only KVKIT_WRITE_* variables")
+            os.environ[name] = value
+    else:
         rpw, ctas = setting.split(":")
         os.environ[ENV[0]], os.environ[ENV[1]] = rpw, ctas
 
@@ -44,7 +54,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=9, help="timings per (round, setting, format)")
     ap.add_argument("--batch", type=int, default=10, help="calls per timing")
     ap.add_argument("--head-dim", type=int, default=128)
-    ap.add_argument("--slots", choices=("shuffled", "sorted"), default="shuffled")
+    ap.add_argument("--slots", choices=("pages", "scatter", "sorted"), default="pages")
     ap.add_argument("--json")
     args = ap.parse_args()
 
@@ -54,7 +64,7 @@ def main() -> None:
     from kvkit import formats
     from kvkit.bench import write_inputs, write_layer
 
-    k, v, slots = write_inputs(args.head_dim, 8, sorted_slots=args.slots == "sorted")
+    k, v, slots = write_inputs(args.head_dim, 8, slot_order=args.slots)
     names = args.formats.split(",")
     settings = args.settings.split()
     layers = {name: write_layer(formats.get(name, args.head_dim), 8, k.shape[0]) for name in names}

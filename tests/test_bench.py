@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvkit import bench, formats
+from kvkit.bench import WRITE_SLOT_ORDERS, write_slots
 
 
 def test_shape_set_is_the_published_one():
@@ -84,7 +86,7 @@ def test_markdown_tables_pair_plain_and_graph_rows():
     assert decode_rows == [
         "| nvfp4 | B=1 T=4096 D=64 | 0.2500 | 0.0300 | 0.0400 | 0.0120 | 0.20 | 5.0 | 0.40x |"
     ]
-    assert "| nvfp4 | 4194304 | 3.000 | 1.00 | 25.0 |" in md
+    assert "| nvfp4 | 4194304 | scatter | 3.000 | 1.00 | 25.0 |" in md  # no "slots": old rows
 
 
 def test_cli_without_a_gpu_says_why(capsys, monkeypatch):
@@ -121,3 +123,33 @@ def test_ab_compare_lines_up_runs_and_ratios(tmp_path):
     assert lines[1].split() == ["nvfp4", "B1", "T4096", "0.0400", "0.0300", "0.750"]
     # fp16 has no graph row in b: shown as missing, not as the plain time.
     assert lines[2].split() == ["fp16", "B1", "T4096", "0.0300", "-", "-"]
+
+
+@pytest.mark.parametrize("order", WRITE_SLOT_ORDERS)
+def test_write_slots_is_a_permutation(order):
+    slots = write_slots(4096, order)
+    assert slots.dtype == np.int64
+    assert np.array_equal(np.sort(slots), np.arange(4096))
+
+
+def test_write_slots_pages_keep_tokens_in_page_order():
+    slots = write_slots(4096, "pages", block_size=16)
+    pages = slots.reshape(-1, 16)
+    # each run of 16 tokens fills one page, offsets 0..15 in order
+    assert np.array_equal(pages % 16, np.tile(np.arange(16), (256, 1)))
+    assert np.all(pages // 16 == (pages[:, :1] // 16))
+    # and the pages are not in order (seeded permutation of 256 pages)
+    assert not np.array_equal(pages[:, 0] // 16, np.arange(256))
+
+
+def test_write_slots_scatter_splits_pages():
+    slots = write_slots(4096, "scatter")
+    same_page_neighbours = np.mean(slots[1:] // 16 == slots[:-1] // 16)
+    assert same_page_neighbours < 0.05
+
+
+def test_write_slots_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="slot order"):
+        write_slots(64, "random")
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        write_slots(100, "pages", block_size=16)
