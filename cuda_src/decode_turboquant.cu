@@ -291,12 +291,16 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // D = 256 (three or four words).
 #if KV_HEAD_DIM <= 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
-// 3-bit codes in whole 16-bit units (D = 128: 48 bits per lane group) stay one unit per
-// register (kv_tq_vplan below says why); other runs are packed into 32-bit words.
+// 3-bit codes (kv_tq_vplan below says why): runs of whole 16-bit units (D = 128: 48 bits per
+// lane group, D = 256: 96) stay one unit per register ("halves"); the 24-bit run of D = 64
+// is one word, run bit 0 at bit 0 ("word"). Other runs are packed into 32-bit words.
 #define KV_TQ_V_HALVES \
-    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM <= 128 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+    (TQ_VALUE_BITS == 3 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+#define KV_TQ_V_WORD (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 64)
 #if KV_TQ_V_HALVES
 #define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)
+#elif KV_TQ_V_WORD
+#define KV_MMA_VRAW 1
 #else
 #define KV_MMA_VRAW (KV_HEAD_DIM <= 128 ? 2 : (KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 32)
 #endif
@@ -311,6 +315,16 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
         rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g);
 #pragma unroll
     for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
+#elif KV_TQ_V_WORD
+    // Run bytes 3 g .. 3 g + 2 from the two 2-byte units at the even byte 3 g - (g & 1) (the
+    // byte before the run, read for odd g, is the previous lane group's; the byte
+    // past it the next group's or the value scale: all inside the slot), joined by one byte
+    // permute whose selector depends on g only (loop-invariant): run bit 0 at bit 0, and
+    // bits 24..31 whatever follows (no code is read there).
+    const unsigned short* q = reinterpret_cast<const unsigned short*>(
+        rows[0] + TQ_VALUE_OFFSET + 3 * g - (g & 1));
+    raw[0] = __byte_perm(q[0], q[1], (g & 1) ? 0x6541u : 0x5410u);
+    static_assert(VB == 24, "the word mode is the 24-bit run of D = 64");
 #elif KV_HEAD_DIM == 256
     // Whole words of codes (VB / 8 bytes per lane group at an even offset): aligned words
     // from the 4-byte boundary below, funnel-shifted down (as kv_mma_kload; a word load per
@@ -341,22 +355,25 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     raw[1] = (unsigned)(x >> 32);
 #endif
 }
-#if KV_TQ_V_HALVES
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD
 // 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits
-// t .. t + 15 of token a in its low half and of token b in its high half: one byte permute
-// of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring windows
-// for t % 16 == 8. A code at bit p <= 4 of a window's halves converts straight from it
+// t .. t + 15 of token a in its low half and of token b in its high half. Halves: one byte
+// permute of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring
+// windows for t % 16 == 8. Word (D = 64): one byte permute of the two tokens' words.
+// A code at bit p <= 4 of a window's halves converts straight from it
 // (kv_codes_bf16x2_masked, S = p); a code further up takes the window shifted right by p - 1
 // (one shift for both tokens), which puts it at bit 1 and the next code at bit 4 of the same
 // shifted word, so the next code is free. Window t = 8 floor(3 i / 8) for code i (capped at
-// the last whole window): every code then sits at p <= 7 of its window, and a run of 16 codes
-// (D = 128) takes 5 windows and 6 shifts where per-pair shifts and merges took 24.
+// the last whole window, run bits VB - 16 .. VB - 1): every code then sits at p <= 7 of its
+// window (the last, capped, at 13: one more shift). A run of 16 codes (D = 128) takes 5
+// windows and 6 shifts where per-pair shifts and merges took 24; 8 codes (D = 64) 2 and 3
+// (4-bit codes: 4 byte permutes and 4 shifts); 32 codes (D = 256) 11 and 12 (4-bit: 16, 16).
 // Returns (t, s, S) for code i: window, right shift, code bit in the shifted halves.
 struct KvTqVPlace {
     int t, s, S;
 };
 __host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
-    constexpr int LAST = 16 * (KV_MMA_VRAW - 1);  // the last window fully inside the run
+    constexpr int LAST = (KV_HEAD_DIM / 8) * 3 - 16;  // the last window inside the run
     KvTqVPlace pl{0, 0, 0};
     bool shifted_prev = false;  // code k - 1 took a shift that also places code k
     KvTqVPlace prev{0, 0, 0};
@@ -384,6 +401,11 @@ __host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
 // Window t of tokens a, b (see kv_tq_vplan).
 template <int T>
 __device__ __forceinline__ unsigned kv_tq_vwin(const unsigned* ra, const unsigned* rb) {
+#if KV_TQ_V_WORD
+    static_assert(T == 0 || T == 8, "window inside the 24-bit run");
+    // run bytes T / 8, T / 8 + 1 of a (low half) and of b (high half)
+    return __byte_perm(ra[0], rb[0], T == 0 ? 0x5410 : 0x6521);
+#else
     static_assert(T % 8 == 0 && T >= 0 && T + 16 <= 16 * KV_MMA_VRAW, "window inside the run");
     if constexpr (T % 16 == 0) {
         return __byte_perm(ra[T / 16], rb[T / 16], 0x5410);  // a's unit low, b's unit high
@@ -392,6 +414,7 @@ __device__ __forceinline__ unsigned kv_tq_vwin(const unsigned* ra, const unsigne
         // window T + 8 (run byte T / 8 + 1).
         return __byte_perm(kv_tq_vwin<T - 8>(ra, rb), kv_tq_vwin<T + 8>(ra, rb), 0x6341);
     }
+#endif
 }
 template <int I>
 __device__ __forceinline__ unsigned kv_tq_vcode(const unsigned* ra, const unsigned* rb) {
@@ -400,9 +423,17 @@ __device__ __forceinline__ unsigned kv_tq_vcode(const unsigned* ra, const unsign
     const unsigned w = kv_tq_vwin<pl.t>(ra, rb) >> pl.s;
     return kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, pl.S>(w);
 }
-template <int J>
-__device__ __forceinline__ void kv_tq_vpair_h(const unsigned* ra, const unsigned* rb,
+// Pair j (a compile-time constant after the m-tile loop's unrolling: the chain folds to one
+// case; only pairs inside the run are instantiated).
+template <int J = 0>
+__device__ __forceinline__ void kv_tq_vpair_h(const unsigned* ra, const unsigned* rb, int j,
                                               unsigned* w0, unsigned* w1) {
+    if constexpr (J + 1 < KV_HEAD_DIM / 16) {
+        if (j != J) {
+            kv_tq_vpair_h<J + 1>(ra, rb, j, w0, w1);
+            return;
+        }
+    }
     *w0 = kv_tq_vcode<2 * J>(ra, rb);
     *w1 = kv_tq_vcode<2 * J + 1>(ra, rb);
 }
@@ -413,20 +444,9 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;
     constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
-#if KV_TQ_V_HALVES
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD
     (void)MM;
-    // j is a compile-time constant after unrolling; the switch folds to one case.
-    switch (j) {
-    case 0: kv_tq_vpair_h<0>(ra, rb, w0, w1); break;
-    case 1: kv_tq_vpair_h<1>(ra, rb, w0, w1); break;
-    case 2: kv_tq_vpair_h<2>(ra, rb, w0, w1); break;
-    case 3: kv_tq_vpair_h<3>(ra, rb, w0, w1); break;
-    case 4: kv_tq_vpair_h<4>(ra, rb, w0, w1); break;
-    case 5: kv_tq_vpair_h<5>(ra, rb, w0, w1); break;
-    case 6: kv_tq_vpair_h<6>(ra, rb, w0, w1); break;
-    default: kv_tq_vpair_h<7>(ra, rb, w0, w1); break;
-    }
-    static_assert(KV_HEAD_DIM / 16 <= 8, "pairs 0..7");
+    kv_tq_vpair_h(ra, rb, j, w0, w1);
 #else
     if constexpr (B == 4) {
         // Byte j of each: a's to byte 0, b's to byte 2.

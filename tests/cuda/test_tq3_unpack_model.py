@@ -6,9 +6,11 @@ code they extract must be the code the spec packed. The GPU decode tests then ch
 Keys: lane c's run of D / 4 codes in KV_TQ_RUN_WORDS little-endian words; code E's table byte
 offset is UNIT(s) 128 + ((y & (7 << s)) | 4 lane) for the plan's word y and bit s, and the table
 copy s holds code c at unit UNIT(s) + c 2^(s - 7) (the four copies must not overlap).
-Values (D = 128): lane group g's 16 codes as three 16-bit units per token; code i of tokens a
-(low half) and b (high half) is bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S minus
-(2^(7 - S) + 4), for the window w of the plan.
+Values: lane group g's D / 8 codes, as 16-bit units per token (D = 128: three, D = 256: six)
+or, at D = 64, as one word joined from the two 2-byte units at the even byte below the run's
+byte 3 g (the selector depends on g's parity); code i of tokens a (low half) and b (high half)
+is bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S minus (2^(7 - S) + 4), for the
+window w of the plan.
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def test_key_plan_extracts_the_spec_codes(head_dim):
                     assert table[off >> 7] == codes[kpl * c + e]
 
 
-def vplan(i: int, vraw: int) -> tuple[int, int, int]:
+def vplan(i: int, run_bits: int) -> tuple[int, int, int]:
     """kv_tq_vplan: (window t, shift s, bit S) of code i."""
-    last = 16 * (vraw - 1)
+    last = run_bits - 16
     pl = (0, 0, 0)
     shifted_prev = False
     prev = (0, 0, 0)
@@ -126,33 +128,54 @@ def _perm(x: int, y: int, sel: int) -> int:
     return sum(((src >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n) for n in range(4))
 
 
-def _window(ra: list[int], rb: list[int], t: int) -> int:
+def _window(ra: list[int], rb: list[int], t: int, word: bool) -> int:
+    if word:  # kv_tq_vwin, D = 64: one permute of the two tokens' words
+        assert t in (0, 8)
+        return _perm(ra[0], rb[0], 0x5410 if t == 0 else 0x6521)
     if t % 16 == 0:
         return _perm(ra[t // 16], rb[t // 16], 0x5410)
-    return _perm(_window(ra, rb, t - 8), _window(ra, rb, t + 8), 0x6341)
+    return _perm(_window(ra, rb, t - 8, word), _window(ra, rb, t + 8, word), 0x6341)
 
 
 def _bf16(h: int) -> float:
     return float(np.array([h << 16], np.uint32).view(np.float32)[0])
 
 
-def test_value_plan_extracts_the_spec_codes():
-    head_dim, off = 128, 4  # KV_MMA_VCODE_OFFSET for 3-bit values
+def _vload(packed: np.ndarray, g: int, head_dim: int, tail: np.ndarray) -> list[int]:
+    """kv_mma_vload of lane group g from a token's value codes (then the slot's next bytes)."""
+    vb = head_dim // 8 * 3
+    area = np.concatenate([packed, tail])
+    if head_dim == 64:  # the word mode: units at the even byte 3 g - (g & 1), one permute
+        e = 3 * g - (g & 1)
+        q0, q1 = (int(x) for x in area[e : e + 4].view("<u2"))
+        return [_perm(q0, q1, 0x6541 if g & 1 else 0x5410)]
+    n = vb // 8
+    return [int(x) for x in area[n * g : n * g + n].view("<u2")]
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "windows", "shifts"), [(64, 2, 3), (128, 5, 6), (256, 11, 12)]
+)
+def test_value_plan_extracts_the_spec_codes(head_dim, windows, shifts):
+    off = 4  # KV_MMA_VCODE_OFFSET for 3-bit values
     vpl = head_dim // 8
-    vraw = vpl * 3 // 16
-    plans = [vplan(i, vraw) for i in range(vpl)]
-    assert all(0 <= s_ <= 4 and t + 16 <= 16 * vraw for t, _, s_ in plans)
-    # shifts and windows per token pair: the static count the change is about
-    assert len({(t, s) for t, s, _ in plans if s}) == 6
-    rng = np.random.default_rng(7)
+    run_bits = vpl * 3
+    word = head_dim == 64
+    plans = [vplan(i, run_bits) for i in range(vpl)]
+    assert all(0 <= s_ <= 4 and t + 16 <= run_bits for t, _, s_ in plans)
+    # windows and shifts per token pair: the static count the plan is about
+    assert len({t for t, _, _ in plans}) == windows
+    assert len({(t, s) for t, s, _ in plans if s}) == shifts
+    rng = np.random.default_rng(head_dim)
     for _ in range(300):
         ca, cb = (rng.integers(0, 8, head_dim).astype(np.uint8) for _ in range(2))
         pa, pb = bitpack.pack_array(ca, 3), bitpack.pack_array(cb, 3)
+        # the slot's bytes after the codes (value scale, zero): any value
+        ta, tb = (rng.integers(0, 256, 4).astype(np.uint8) for _ in range(2))
         for g in range(8):
-            ra = [int(x) for x in pa[6 * g : 6 * g + 6].view("<u2")]
-            rb = [int(x) for x in pb[6 * g : 6 * g + 6].view("<u2")]
+            ra, rb = _vload(pa, g, head_dim, ta), _vload(pb, g, head_dim, tb)
             for i, (t, s, bit) in enumerate(plans):
-                w = _window(ra, rb, t) >> s
+                w = _window(ra, rb, t, word) >> s
                 x = (w & ((7 << bit) * 0x00010001)) | 0x43004300
                 for half, codes in ((x & 0xFFFF, ca), (x >> 16, cb)):
                     v = _bf16(half) * 2.0**-bit - (2.0 ** (7 - bit) + off)
