@@ -20,6 +20,10 @@
 #define KV_NPLANES 1
 #define KV_P0_BYTES TQ_SLOT_BYTES
 #define KV_P0_ELEM 1
+// The slot plane is always a slab (slot widths are not whole 16-byte units): one bulk copy
+// per page run (decode_core.cuh KV_BULK_COPIES), a few per tile instead of ~5 cp.async
+// pieces per thread.
+#define KV_BULK_COPIES 1
 
 #include "common/decode_codes.cuh"
 
