@@ -300,6 +300,14 @@ __device__ __forceinline__ void kv_mbar_arrive_tx(unsigned bar, unsigned bytes) 
                  "r"(bytes)
                  : "memory");
 }
+// The end of the barrier's life (PTX ISA, mbarrier lifecycle: a barrier must be invalidated
+// before its memory is used for anything else, and mbarrier.init on memory that still holds a
+// valid barrier is undefined). On sm_90 this is SYNCS.CCTL.IV, an invalidation in the
+// synchronization unit that keeps barrier state, i.e. real state that a CTA handing its
+// shared memory back to the next CTA or kernel must not leave behind.
+__device__ __forceinline__ void kv_mbar_inval(unsigned bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
+}
 __device__ __forceinline__ void kv_mbar_wait(unsigned bar, unsigned parity) {
     unsigned done;
     do {
@@ -755,6 +763,18 @@ struct KvTilePipe {
         kv_mbar_wait(bar_sa + 8u * (unsigned)(j % kvd::STAGES), (unsigned)(j / kvd::STAGES) & 1u);
     }
 #endif
+    // After the tile loop of a CTA with tiles: the stages' barriers are invalidated
+    // (kv_mbar_inval) before the CTA's shared memory goes to the next CTA or kernel. The
+    // loop's last iteration put a CTA barrier after every thread's last wait, and no tile
+    // past n_tiles arrives, so nothing touches them any more.
+    __device__ __forceinline__ void retire_bulk() const {
+#if KVD_BULK
+        if (fast && threadIdx.x == 0) {
+#pragma unroll
+            for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+        }
+#endif
+    }
     // Tile i's copies have landed (before the tile's barrier).
     template <int PENDING>
     __device__ __forceinline__ void wait(int i) const {
@@ -879,14 +899,8 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
-    // The stages' mbarriers sit after the page ring; every thread arrives once per tile. The
-    // body's barrier before the first issue publishes the initialisation.
 #if KVD_BULK
     pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
-    if (pp.fast && threadIdx.x == 0) {
-        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
 #endif
 
     const int seq_len = seq_lens[b];
@@ -913,6 +927,16 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
         }
     }
     pp.n_tiles = (pp.t_hi - pp.t_lo + kvd::TILE - 1) / kvd::TILE;
+#if KVD_BULK
+    // The stages' mbarriers sit after the page ring; every thread arrives once per tile. The
+    // body's barrier before the first issue publishes the initialisation. Only CTAs that copy
+    // tiles make them, so every barrier made is also invalidated (retire_bulk: a CTA without
+    // tiles would otherwise leave valid barriers behind in the shared memory it hands back).
+    if (pp.fast && pp.n_tiles > 0 && threadIdx.x == 0) {
+        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
     return pp;
 }
 
@@ -1178,6 +1202,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         }
         // No copy may still target the staging that the token-group sums reuse below.
         kv_cp_async_wait<0>();
+        pipe.retire_bulk();
     }
 
     // --- row totals of (m, l) to shared, token-group partial sums to the staging area ---

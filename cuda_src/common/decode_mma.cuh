@@ -857,6 +857,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #endif  // KV_MMA_V_REGS
         }
         kv_cp_async_wait<0>();
+        pipe.retire_bulk();
     }
 
     // --- the four warp states meet in shared memory --------------------------------------
