@@ -775,6 +775,15 @@ struct KvTilePipe {
         }
 #endif
     }
+    // Every thread, before the CTA barrier after which the copy engine writes memory this
+    // thread wrote or read through the generic proxy (the query rows the mma core keeps in
+    // the last stage): the writer's own proxy fence (PTX ISA, fence.proxy.async: it orders
+    // the executing thread's accesses), as the issuing thread's fence covers only its own.
+    __device__ __forceinline__ void fence_for_bulk() const {
+#if KVD_BULK
+        if (fast) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+    }
     // Tile i's copies have landed (before the tile's barrier).
     template <int PENDING>
     __device__ __forceinline__ void wait(int i) const {

@@ -529,6 +529,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // Logits in base 2 (times log2(e)): the online softmax runs on exp2.
             if (lane == 0) rs_s[r] = scale * kfac * KV_MMA_KF / (up * up2) * KV_LOG2E;
         }
+        // The float query rows in the last stage are done with; the first tile loop
+        // iteration copies tile STAGES - 1 over them by the copy engine.
+        if constexpr (QF_IN_STAGE) pipe.fence_for_bulk();
         __syncthreads();
 
         // Loop-invariant per-thread values: this thread's rows 8 nr + 2c + j (the score C
