@@ -22,8 +22,13 @@
 #define KV_P0_ELEM 1
 // The slot plane is always a slab (slot widths are not whole 16-byte units): one bulk copy
 // per page run (decode_core.cuh KV_BULK_COPIES), a few per tile instead of ~5 cp.async
-// pieces per thread.
+// pieces per thread. Only from D = 128: measured on the H200 (session 10, graph replay) the
+// bulk copies took 2-5% off at D = 128 / 256 ((64, 8192): 4bit_nc 0.349 -> 0.332 ms, k8v4
+// 0.241 -> 0.232) but added 3-5% at D = 64 ((32, 4096): 4bit_nc 0.0642 -> 0.0663), whose
+// 70-byte slots make short runs.
+#if KV_HEAD_DIM >= 128
 #define KV_BULK_COPIES 1
+#endif
 
 #include "common/decode_codes.cuh"
 
@@ -296,10 +301,13 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 #if KV_HEAD_DIM <= 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
 // 3-bit codes (kv_tq_vplan below says why): runs of whole 16-bit units (D = 128: 48 bits per
-// lane group, D = 256: 96) stay one unit per register ("halves"); the 24-bit run of D = 64
-// is one word, run bit 0 at bit 0 ("word"). Other runs are packed into 32-bit words.
+// lane group) stay one unit per register ("halves"); the 24-bit run of D = 64 is one word,
+// run bit 0 at bit 0 ("word"). Other runs are packed into 32-bit words. D = 256 would also
+// fit the halves plan (96 bits, 11 windows + 12 shifts per token pair), but measured on the
+// H200 it was no faster than the packed words (0.1824 vs 0.1809 ms, 3bit_nc at (32, 4096),
+// session 10), while the word plan at D = 64 was 5% faster (0.0643 vs 0.0675 ms).
 #define KV_TQ_V_HALVES \
-    (TQ_VALUE_BITS == 3 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM <= 128 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
 #define KV_TQ_V_WORD (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 64)
 #if KV_TQ_V_HALVES
 #define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)
@@ -371,7 +379,8 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // the last whole window, run bits VB - 16 .. VB - 1): every code then sits at p <= 7 of its
 // window (the last, capped, at 13: one more shift). A run of 16 codes (D = 128) takes 5
 // windows and 6 shifts where per-pair shifts and merges took 24; 8 codes (D = 64) 2 and 3
-// (4-bit codes: 4 byte permutes and 4 shifts); 32 codes (D = 256) 11 and 12 (4-bit: 16, 16).
+// (4-bit codes: 4 byte permutes and 4 shifts); 32 codes (D = 256) would take 11 and 12, not
+// taken there (KV_TQ_V_HALVES).
 // Returns (t, s, S) for code i: window, right shift, code bit in the shifted halves.
 struct KvTqVPlace {
     int t, s, S;
