@@ -9,9 +9,8 @@ copy s holds code c at unit UNIT(s) + c 2^(s - 7) (the four copies must not over
 Values: lane group g's D / 8 codes, as 16-bit units per token (D = 128: three units; D = 256
 keeps packed words, KV_TQ_V_HALVES) or, at D = 64, as one word joined from the two 2-byte units
 at the even byte below the run's byte 3 g (the selector depends on g's parity); code i of
-tokens a (low half) and b (high half)
-is bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S minus (2^(7 - S) + 4), for the
-window w of the plan.
+tokens a (low half) and b (high half) is bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S
+minus (2^(7 - S) + 4), for the window w of the plan.
 """
 
 from __future__ import annotations
