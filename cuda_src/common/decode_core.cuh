@@ -118,6 +118,12 @@
 #define KV_BULK_COPIES 0
 #endif
 #define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES)
+// Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
+// launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
+#ifndef KVD_BULK_WARP_RUNS_ON
+#define KVD_BULK_WARP_RUNS_ON 1
+#endif
+#define KVD_BULK_WARP_RUNS (KVD_BULK && KVD_BULK_WARP_RUNS_ON)
 
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
@@ -288,6 +294,21 @@ __device__ __forceinline__ void kv_bulk_copy(unsigned dst, const void* src, unsi
     asm volatile(
         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
         "[%3];" ::"r"(dst),
+        "l"(src), "r"(bytes), "r"(bar)
+        : "memory");
+}
+// The same copy once per warp: every lane of a converged warp executes this with the same
+// operands and the elected lane issues it. Warp-uniform operands (shuffled from one lane) let
+// ptxas keep the addresses in uniform registers and issue UBLKCP straight from them: ~4 warp
+// instructions per copy, against the elected-lane loop (ELECT, R2UR per operand, UBLKCP,
+// PLOP3, BRA.U.ANY: ~8 per copy, and a stall on the previous copy's operands) that a copy per
+// thread with per-thread operands compiles to.
+__device__ __forceinline__ void kv_bulk_copy_warp(unsigned dst, const void* src, unsigned bytes,
+                                                  unsigned bar) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+        "@p cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, "
+        "[%3];\n\t}" ::"r"(dst),
         "l"(src), "r"(bytes), "r"(bar)
         : "memory");
 }
@@ -606,6 +627,40 @@ __device__ __forceinline__ void kv_bulk_plane(unsigned sa, const unsigned char* 
 }
 #endif
 
+#if KVD_BULK_WARP_RUNS
+// Rows t16 .. t16 + cnt - 1 of a row plane (cnt <= 16, one page: in-page offsets off ..
+// off + cnt - 1) by the calling warp: row r from the page's row off + r (the token stride
+// apart) into staging row t16 + r (the padded stride WP apart). Every argument is
+// warp-uniform; whole runs (cnt 16) are unrolled.
+template <int W, int WP>
+__device__ __forceinline__ void kv_bulk_run(unsigned sa, const unsigned char* base, long long sb,
+                                            long long sh, long long st, int elem, int kvh,
+                                            int page, int off, int t16, int cnt, unsigned bar) {
+    if constexpr (W > 0 && W % 16 == 0) {
+        const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh, page, off, 0);
+        unsigned dst = sa + (unsigned)t16 * WP;
+        // The host's 32-bit offset check (KVD_OFF32_BIT) covers every in-page byte offset.
+        const unsigned stB = (unsigned)st * (unsigned)elem;
+        // Addresses stepped row by row (an add each) rather than r * stride per copy.
+        if (cnt == 16) {
+#pragma unroll
+            for (int r = 0; r < 16; ++r) {
+                kv_bulk_copy_warp(dst, src, W, bar);
+                dst += WP;
+                src += stB;
+            }
+        } else {
+#pragma unroll 1
+            for (int r = 0; r < cnt; ++r) {
+                kv_bulk_copy_warp(dst, src, W, bar);
+                dst += WP;
+                src += stB;
+            }
+        }
+    }
+}
+#endif
+
 // The tile pipeline of one stage-1 CTA, shared by both bodies: the split's token range
 // [t_lo, t_hi) (kvkit.splits.page_range, the window start rounded down to its page), the
 // planes' copy modes and staging row strides, the page ring (tp_ring: NP slots of TILE page
@@ -732,11 +787,27 @@ struct KvTilePipe {
     // thread arrives on the stage's barrier once per tile, announcing its bytes before it
     // issues them (so the phase cannot complete before the copies land).
     __device__ __forceinline__ void issue_bulk(int j, unsigned sa, const KvIssueAt& at, int kvh,
+                                               int n, int bs, unsigned tid,
                                                KV_PLANE_PARAM_DECL) {
         constexpr int RW = kv_row_w(KV_P0_BYTES) + kv_row_w(KV_P1_BYTES) +
                            kv_row_w(KV_P2_BYTES) + kv_row_w(KV_P3_BYTES);
         constexpr int SW = kv_slab_w(KV_P0_BYTES) + kv_slab_w(KV_P1_BYTES) +
                            kv_slab_w(KV_P2_BYTES) + kv_slab_w(KV_P3_BYTES);
+#if KVD_BULK_WARP_RUNS
+        // Row planes only (fp16 / bf16), one warp per 16 tokens of the tile, pages of a
+        // multiple of 16 tokens: tiles start on a page boundary (splits are page-aligned), so
+        // warp w's tokens 16 w .. 16 w + 15 are consecutive rows of one page, and the warp
+        // copies them itself (kv_bulk_run) instead of each thread its token's rows.
+        if constexpr (SW == 0 && kvd::SUB16 && kvd::TPT * 16 == KV_WARP) {
+            if ((bs & 15) == 0) {
+                issue_bulk_runs(j, sa, at, kvh, n, tid, KV_PLANE_PARAMS);
+                return;
+            }
+        }
+#endif
+        (void)n;
+        (void)bs;
+        (void)tid;
         const bool row_mine = RW > 0 && at.row_x == 0 && at.row_page >= 0;
         const bool slab_mine = SW > 0 && at.slab_j0 == 0 && at.slab_page >= 0;
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
@@ -758,6 +829,44 @@ struct KvTilePipe {
                                                  kvh, at, row_mine, slab_mine, bar);
         }
     }
+#if KVD_BULK_WARP_RUNS
+    // issue_bulk's warp runs: lane 0 holds the warp's first token (row_t = 16 w: TPT threads
+    // per token, 32 / TPT = 16 tokens per warp), so its page and in-page offset are the run's;
+    // shuffled to the warp they are uniform to the compiler (uniform address registers).
+    // Lane 0 announces the run's bytes (every thread still arrives once per tile); the warp
+    // then issues cnt copies per row plane, the token stride apart in the plane and the
+    // padded row stride apart in the stage.
+    __device__ __forceinline__ void issue_bulk_runs(int j, unsigned sa, const KvIssueAt& at,
+                                                    int kvh, int n, unsigned tid,
+                                                    KV_PLANE_PARAM_DECL) {
+        constexpr int RW = kv_row_w(KV_P0_BYTES) + kv_row_w(KV_P1_BYTES) +
+                           kv_row_w(KV_P2_BYTES) + kv_row_w(KV_P3_BYTES);
+        const int t16 = __shfl_sync(0xffffffffu, at.row_t, 0);
+        const int pg = __shfl_sync(0xffffffffu, at.row_page, 0);
+        const int off = __shfl_sync(0xffffffffu, at.row_off, 0);
+        const int left = n - t16;
+        const int cnt = pg < 0 || left <= 0 ? 0 : (left < 16 ? left : 16);
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        kv_mbar_arrive_tx(bar, (tid & (KV_WARP - 1)) == 0 ? (unsigned)(cnt * RW) : 0u);
+        if (cnt > 0) {
+            // The stage was last read through the generic proxy (before this tile's barrier);
+            // the copy engine writes through the async one.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            constexpr int SO1 = kvd::TILE * kvd::WP0;
+            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
+            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
+            const unsigned d = sa;
+            kv_bulk_run<KV_P0_BYTES, kvd::WP0>(d, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh, pg,
+                                               off, t16, cnt, bar);
+            kv_bulk_run<KV_P1_BYTES, kvd::WP1>(d + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, kvh,
+                                               pg, off, t16, cnt, bar);
+            kv_bulk_run<KV_P2_BYTES, kvd::WP2>(d + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, kvh,
+                                               pg, off, t16, cnt, bar);
+            kv_bulk_run<KV_P3_BYTES, kvd::WP3>(d + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, kvh,
+                                               pg, off, t16, cnt, bar);
+        }
+    }
+#endif
     // Tile j's bulk copies have landed (its stage's barrier finished phase j / STAGES).
     __device__ __forceinline__ void wait_bulk(int j) const {
         kv_mbar_wait(bar_sa + 8u * (unsigned)(j % kvd::STAGES), (unsigned)(j / kvd::STAGES) & 1u);
@@ -853,7 +962,7 @@ struct KvTilePipe {
             const unsigned sa = kv_smem_addr(s);
 #if KVD_BULK
             if (fast) {
-                issue_bulk(j, sa, at, kvh_t, KV_PLANE_PARAMS);
+                issue_bulk(j, sa, at, kvh_t, n, bs, tid, KV_PLANE_PARAMS);
                 return;
             }
 #endif

@@ -430,6 +430,30 @@ def test_32bit_and_64bit_copy_addresses_agree(cp, name, block_size, group, monke
         assert lse_error(lse32, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_warp_run_bulk_copies_match_per_thread_copies(cp, name, block_size, monkeypatch):
+    """On sm_90+ the fp16 / bf16 row planes are copied by the copy engine, one warp per
+    16-token page run (decode_core.cuh kv_bulk_run); KVKIT_DECODE_BULK_RUNS=0 copies them one
+    row per thread as before. Same staged bytes, so the results are identical bit for bit:
+    whole runs and runs cut short by the sequence end (seq_len % 16 != 0); test_strided_planes
+    covers token-major views. On GPUs without bulk copies both builds are the cp.async path."""
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 37, 3], seed=block_size)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_BULK_RUNS", raising=False)
+        o_runs, lse_runs = case.run(num_splits)
+        assert case.flag() == 0
+        monkeypatch.setenv("KVKIT_DECODE_BULK_RUNS", "0")
+        o_rows, lse_rows = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o_runs, o_rows)
+        np.testing.assert_array_equal(lse_runs, lse_rows)
+        assert rel_error(o_runs, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse_runs, ref_lse) <= DECODE_GPU_RTOL
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
                                   "turboquant_k8v4", "fp8_e4m3", "fp16", "bf16"])  # fmt: skip
 @pytest.mark.parametrize("group, q_len, window, sinks, softcap, block_size", [
