@@ -1,20 +1,22 @@
-"""Static SASS of the NVFP4 write kernel, without a GPU: registers, spills, and the length of
-its common path (one thread, every block fast), the number to compare before and after a change.
+"""Static SASS of the NVFP4 and dense (fp16 / bf16 / fp8_e4m3) write kernels, without a GPU:
+registers, spills, and the length of their common path (one thread, every block fast), the
+number to compare before and after a change.
 
-    python scripts/sass_write.py nvfp4,nvfp4_4over6 [--head-dim 128] [--dtype 1] [--arch sm_90]
-        [--slot "long long"] [--show]
+    python scripts/sass_write.py nvfp4,nvfp4_4over6,fp8_e4m3,fp16 [--head-dim 128] [--dtype 1]
+        [--arch sm_90] [--slot "long long"] [--define NAME=VALUE ...] [--show]
 
-Builds ``write_nvfp4.cu`` as PTX with NVRTC, assembles it with ``ptxas`` and disassembles it
-with ``cuobjdump -sass`` (the tools of scripts/sass_static.py; see its docstring). The common
-path is followed from the entry: an unconditional branch is taken; a conditional one is decided
-by the instruction that last set its predicate, by the rules below (the narrow 32-bit index
-path, a slot inside the cache, 16-byte aligned loads and stores, IEEE division and reciprocal
-on their fast paths, a non-zero scale, the fast-block test passing); a predicated EXIT falls
-through. Every decision is printed, and a branch no rule covers is flagged (it falls through):
-check them when the kernel changes. The count is of instructions issued per thread of the
-common path (a static estimate of Nsight Compute's executed instructions per warp, whose
-warps all take this path on LLM-like inputs); ``--dtype`` is KV_IN_DTYPE (0 float32, 1 float16,
-2 bfloat16).
+Builds ``write_nvfp4.cu`` (NVFP4 formats) or ``write_dense.cu`` (the others; its body from
+``KVKIT_WRITE_DENSE_VARIANT``, as the launcher picks it) as PTX with NVRTC, assembles it with
+``ptxas`` and disassembles it with ``cuobjdump -sass`` (the tools of scripts/sass_static.py; see
+its docstring). The common path is followed from the entry: an unconditional branch is taken; a
+conditional one is decided by the instruction that last set its predicate, by the rules below
+(the narrow 32-bit index path, a slot inside the cache, 16-byte aligned loads and stores, IEEE
+division and reciprocal on their fast paths, a non-zero scale, the fast-block test passing); a
+predicated EXIT falls through. Every decision is printed, and a branch no rule covers is flagged
+(it falls through): check them when the kernel changes. The count is of instructions issued per
+thread of the common path (a static estimate of Nsight Compute's executed instructions per warp,
+whose warps all take this path on LLM-like inputs); ``--dtype`` is KV_IN_DTYPE (0 float32, 1
+float16, 2 bfloat16).
 """
 
 from __future__ import annotations
@@ -31,7 +33,12 @@ from sass_static import _instructions_with_predicates, _sass  # noqa: E402
 
 from kvkit import formats  # noqa: E402
 from kvkit.cuda.compiler import compile_entry  # noqa: E402
-from kvkit.cuda.write import nvfp4_blocks_per_thread  # noqa: E402
+from kvkit.cuda.write import (  # noqa: E402
+    DENSE_CHUNK,
+    dense_launch_defines,
+    nvfp4_blocks_per_thread,
+)
+from kvkit.formats import NVFP4Format  # noqa: E402
 
 #: (regex on the predicate's setter, regex on the branch, taken?)
 RULES = [
@@ -90,28 +97,40 @@ def common_path(ins: list[tuple[int, str]], show: bool = False) -> tuple[int, co
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("formats", help="comma-separated NVFP4 format names")
+    ap.add_argument("formats", help="comma-separated NVFP4 or dense format names")
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--dtype", default="1", choices=("0", "1", "2"))
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--slot", default="long long", choices=("int", "long long"))
+    ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
+                    help="an extra define (a variant; overrides the launcher's)")  # fmt: skip
     ap.add_argument("--show", action="store_true", help="print the path")
     args = ap.parse_args(argv)
+    extra = dict(d.split("=", 1) for d in args.define)
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
         defines = dict(fmt.cuda_defines())
-        bpt = nvfp4_blocks_per_thread(fmt, args.dtype)
-        defines.update(KV_IN_DTYPE=args.dtype, KV_SLOT_T=args.slot, KV_NVFP4_BPT=str(bpt))
-        res = compile_entry("write_nvfp4.cu", defines, args.arch, ptx_only=True)
+        defines.update(KV_IN_DTYPE=args.dtype, KV_SLOT_T=args.slot)
+        if isinstance(fmt, NVFP4Format):
+            bpt = nvfp4_blocks_per_thread(fmt, args.dtype)
+            defines["KV_NVFP4_BPT"] = str(bpt)
+            entry, unit = "write_nvfp4.cu", f"{bpt} block(s) of K and of V per thread"
+        else:
+            defines.update(dense_launch_defines(fmt, args.dtype))
+            bpt = int(defines.get("KV_DENSE_CPT", "1"))
+            entry, unit = "write_dense.cu", f"{bpt} chunk(s) of {DENSE_CHUNK} K and V elements"
+        defines.update(extra)
+        res = compile_entry(entry, defines, args.arch, ptx_only=True)
         log, text = _sass(res.ptx, args.arch)
         regs = re.findall(r"Used (\d+) registers", log)
         spills = re.findall(r"(\d+) bytes spill stores", log)
         ins = _instructions_with_predicates(text)
         print(f"{name} D={args.head_dim} dtype={args.dtype} {args.arch}: registers "
               f"{','.join(regs)}, spill bytes {','.join(spills)}, {len(ins)} static instructions, "
-              f"{bpt} block(s) of K and of V per thread")  # fmt: skip
+              f"{unit} per thread")  # fmt: skip
         n, mix = common_path(ins, args.show)
-        print(f"  common path: {n} instructions per thread, {n / bpt:.0f} per K/V block pair")
+        what = "K/V block pair" if entry == "write_nvfp4.cu" else "K/V chunk pair"
+        print(f"  common path: {n} instructions per thread, {n / bpt:.0f} per {what}")
         print("    " + ", ".join(f"{op} {k}" for op, k in mix.most_common(16)))
     return 0
 

@@ -31,6 +31,12 @@
 
 #define KV_DIV_LO 9.094947017729282379e-13f  // 2^-40
 #define KV_DIV_HI 1.099511627776e12f         // 2^40
+// Divisors b in [2^-16, 2^16] keep the element condition for every finite float16 dividend:
+// |a| is 0 or in [2^-24, 65504], y = RN(1/b) in [2^-16, 2^16] (RN is monotone and the ends are
+// powers of two), so |q0| = RN(|a| y) is in [RN(2^-40), RN(65504 * 2^16)] within [2^-40, 2^40].
+// (The fp8 write's fast chunk; CPU check tests/formats/test_fp8_fast_chunk.py.)
+#define KV_DIV_F16_LO 1.52587890625e-05f  // 2^-16
+#define KV_DIV_F16_HI 65536.0f            // 2^16
 
 struct KvDivisor {
     float b;    // the divisor

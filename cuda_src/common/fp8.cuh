@@ -42,6 +42,19 @@ __device__ __forceinline__ unsigned int kv_e4m3x2_encode(float lo, float hi) {
     return cl | (ch << 8);
 }
 
+// The magnitude codes of two non-negative, non-NaN floats (+inf allowed): lo's in bits 0..6,
+// hi's in bits 8..14; bits 7 and 15 are unspecified (callers mask them; the hardware path is
+// kv_e4m3x2_encode's instruction on the same kind of operands, whose bits it already uses).
+__device__ __forceinline__ unsigned int kv_e4m3x2_mag(float lo, float hi) {
+#if KVKIT_HW_FP8
+    unsigned short r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return kv_e4m3_mag_sw(__float_as_uint(lo)) | (kv_e4m3_mag_sw(__float_as_uint(hi)) << 8);
+#endif
+}
+
 __device__ __forceinline__ unsigned int kv_e4m3_encode(float x) {
 #if KVKIT_HW_FP8
     return kv_e4m3x2_encode(x, 0.0f) & 0xFFu;

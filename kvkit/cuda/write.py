@@ -129,6 +129,29 @@ def _env_int(name: str, allowed) -> int | None:
     return int(text)
 
 
+#: ``kvkit_write_dense`` bodies (write_dense.cu KV_DENSE_FAST), picked by
+#: ``KVKIT_WRITE_DENSE_VARIANT``. 0 (default): the measured body (one chunk per thread, K then
+#: V, __fdiv_rn per fp8 element). 1: the fast body (K and V loads first, host magic numbers,
+#: 32 registers; fp8 with float16 inputs: the fast chunk, 537 -> 296 instructions per thread on
+#: sm_90's common path, scripts/sass_write.py). 1 is compiled for every target and its fp8
+#: arithmetic checked against the spec on the CPU (tests/formats/test_fp8_fast_chunk.py), NOT
+#: yet run on a GPU, so 0 stays the default. fp8 with float32 / bfloat16 inputs keeps body 0
+#: under variant 1 (no fast chunk for them, and their loads-first words spill at 32 registers).
+#: Two chunks per thread (KV_DENSE_CPT=2, 234 instructions per chunk pair) spill 16 bytes at
+#: 32 registers on sm_90: not offered.
+DENSE_VARIANTS = (0, 1)
+
+
+def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
+    """The launch defines of ``kvkit_write_dense`` beyond ``fmt.cuda_defines()`` for the
+    KV_IN_DTYPE code ``in_dtype``: ``KV_DENSE_FAST`` and ``KV_DENSE_CPT`` (DENSE_VARIANTS)."""
+    override = _env_int("KVKIT_WRITE_DENSE_VARIANT", DENSE_VARIANTS)
+    fast = 0 if override is None else override
+    if isinstance(fmt, FP8Format) and in_dtype != "1":
+        fast = 0
+    return {"KV_DENSE_FAST": str(fast), "KV_DENSE_CPT": "1"}
+
+
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
     ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` / ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE
@@ -276,12 +299,15 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
     head = [k, v, slots, np.int64(n)] + layer_head_args(layer)
     ks, vs = np.float32(layer.k_scale), np.float32(layer.v_scale)
     if family == "dense":
+        defines.update(dense_launch_defines(fmt, code))
+        cpt = int(defines["KV_DENSE_CPT"])
         kern = get_kernel("write_dense.cu", "kvkit_write_dense", defines)
         args = head + plane_args(p["k"]) + plane_args(p["v"]) + [ks, vs, layer.error_flag]
+        args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
         launch_and_record(
             record,
             kern,
-            _grid(n * h * (d // DENSE_CHUNK), DENSE_THREADS),
+            _grid(n * h * (d // (DENSE_CHUNK * cpt)), DENSE_THREADS),
             (DENSE_THREADS,),
             tuple(args),
         )

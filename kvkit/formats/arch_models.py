@@ -484,3 +484,19 @@ def tq_bucket_table(midpoints, centroids, max_cells: int = BKT_MAX_CELLS) -> Buc
             return BucketTable(scale, clamp, base, mid, lo, hi)
         scale *= 2.0
     return None
+
+
+def fp8_fast_chunk(halves: np.ndarray, b: float, hardware: bool) -> np.ndarray:
+    """The fp8 writer's fast chunk (write_dense.cu kv_fp8_fast_words) for float16 inputs:
+    halves (..., n) uint16 patterns, all finite, n even, element 2j in the low half of word j;
+    b the layer scale in [2**-16, 2**16]. Per element: q = the five-step quotient of |a| by b
+    (div_by_reciprocal, no range check), its magnitude code (hardware: e4m3_hardware, else
+    e4m3_software, bit 7 masked), and the sign byte taken as prmt(w0, w1, 0x7531) does: byte
+    2(i % 2) + 1 of word i // 2, i.e. the half's own bit 15. Returns (..., n) uint8."""
+    h = np.asarray(halves, np.uint16)
+    a = (h & 0x7FFF).view(np.float16).astype(np.float32)
+    q, _ = div_by_reciprocal(a, np.float32(b))
+    mag = (e4m3_hardware(q) if hardware else e4m3_software(q)) & 0x7F
+    words = h[..., 0::2].astype(np.uint32) | (h[..., 1::2].astype(np.uint32) << 16)
+    sel = np.stack([(words >> 8) & 0xFF, (words >> 24) & 0xFF], axis=-1).reshape(h.shape)
+    return (mag | (sel & 0x80)).astype(np.uint8)

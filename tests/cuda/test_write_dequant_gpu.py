@@ -456,3 +456,72 @@ def test_odd_address_planes_and_unaligned_inputs(name, d, in_dtype):
     cpu_backend.write_rows(cpu, k32, v32, slots)
     write_rows(gpu, shifted(k_in), shifted(v_in), cupy.asarray(slots), in_dtype)
     assert_planes_equal(cpu, gpu, context=f"{name} D={d} {in_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["0", "1"])
+@pytest.mark.parametrize(
+    "scale",
+    [2.0**-16, 2.0**-16 * 0.99999994, 2.0**16, 2.0**16 * 1.0000001, 1.0, 1.0 / 448.0, 0.3712,
+     7.25, 2.0**-149, 3.0e38],
+)  # fmt: skip
+def test_fp8_every_half_through_each_dense_variant(scale, variant, monkeypatch):
+    """KVKIT_WRITE_DENSE_VARIANT=1's fast chunk (float16 inputs, scales in [2^-16, 2^16], every
+    half of a thread's K and V chunks finite) and its per-element fallback (scales just outside
+    that range; rows below with inf / NaN in one chunk of K only) give the CPU's bytes for every
+    float16 pattern, as the default body does."""
+    monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", variant)
+    d = 128
+    fmt = formats.get("fp8_e4m3", d)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = h[(h & 0x7FFF) < 0x7C00]
+    special = h[(h & 0x7FFF) >= 0x7C00]  # inf and every NaN payload
+    rows = np.concatenate([finite, np.resize(finite, (-finite.size) % d)]).reshape(-1, d)
+    mixed = np.resize(finite[::97], (special.size // 8 + 1) * d).reshape(-1, d)
+    mixed[:, 8] = 0x7C00  # the second chunk of K holds +inf; its other chunks are finite
+    mixed[: special.size // 8, 16:24] = np.resize(special, (special.size // 8, 8))
+    x16 = np.concatenate([rows, mixed]).view(np.float16)
+    n = x16.shape[0]
+    k16, v16 = x16[:, None, :], x16[::-1, None, :].copy()
+    v16[:, :, 8] = np.float16(1.0)  # V's second chunk finite where K's is not
+    k32, v32 = k16.astype(np.float32), v16.astype(np.float32)
+    bs = 16
+    v_scale = min(scale * 2.0, 3.0e38)  # K and V scales differ (each is tested per thread)
+    cpu, gpu = make_layers(fmt, 1, -(-n // bs), bs, seed=9, scales=(scale, v_scale))
+    slots = np.random.default_rng(3).permutation(n).astype(np.int32)
+    write_both(cpu, gpu, k32, v32, k16, v16, slots, "float16")
+    assert_planes_equal(cpu, gpu, context=f"fp8 variant {variant} scale {scale!r}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp16", "bf16"])
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+@pytest.mark.parametrize("slot_dtype", ["int32", "int64"])
+def test_dense_variant_1_equals_numba(name, in_dtype, slot_dtype, monkeypatch):
+    """The fast body (KVKIT_WRITE_DENSE_VARIANT=1) for every dense format and input dtype:
+    specials, padding slots, out-of-range slots (flag set, nothing written), odd head counts and
+    block sizes (the host magic numbers), D = 48 and 128."""
+    import cupy
+
+    monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "1")
+    for d, heads, bs, nb in ((128, 3, 48, 5), (48, 5, 16, 7), (128, 8, 16, 33)):
+        c = dict(name=name, d=d, bs=bs, heads=heads, num_blocks=nb, n=nb * bs - 3, seed=d + heads,
+                 dtype=in_dtype, magnitude=300.0, padding=0.2, specials=True, scale="odd",
+                 slot_dtype=slot_dtype)  # fmt: skip
+        fmt = formats.get(name, d)
+        k32, v32, k_in, v_in, slots = make_inputs(c)
+        cpu, gpu = make_layers(fmt, heads, nb, bs, c["seed"], pick_scales(fmt, "odd", k32, v32))
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 0
+        assert_planes_equal(cpu, gpu, context=f"{name} D={d} H={heads} {in_dtype} variant 1")
+        before = plane_bytes(gpu)
+        from kvkit.cuda.write import write_rows
+
+        bad = slots.copy()
+        bad[::2] = cpu.capacity + np.arange(bad[::2].size)
+        write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(bad), in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 1
+        cpu_backend.write_rows(cpu, k32[1::2], v32[1::2], slots[1::2].astype(np.int64))
+        after, want = plane_bytes(gpu), plane_bytes(cpu)
+        for pn in before:
+            assert (after[pn] == want[pn]).all(), f"{name} {pn}: out-of-range launch"
