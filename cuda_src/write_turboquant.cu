@@ -494,10 +494,10 @@ template <bool EVEN>
 __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
-    // Values first where the near decisions hold the rotated keys and their codes at once
-    // (TQ_VARIANT 2): the value words are then dead during the key section, where they
-    // made ptxas spill under the 64-register cap of 8 CTAs per SM (sm_90).
-#if TQ_VARIANT == 2
+    // Values first (TQ_VARIANT >= 1): the value words are then dead during the key section,
+    // whose rotated keys and codes (variant 2: both at once) made ptxas spill with them under
+    // the register caps of sm_90 (64 for 8 CTAs per SM; 32 for k8v4's 16).
+#if TQ_VARIANT >= 1
     kv_tq_values<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
     kv_tq_keys<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
 #else

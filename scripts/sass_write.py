@@ -3,6 +3,7 @@ its common path (one thread, every block fast), the number to compare before and
 
     python scripts/sass_write.py nvfp4,nvfp4_4over6 [--head-dim 128] [--dtype 1] [--arch sm_90]
         [--slot "long long"] [--show]
+    python scripts/sass_write.py turboquant_4bit_nc,... [...]   # scripts/sass_write_tq.py
 
 Builds ``write_nvfp4.cu`` as PTX with NVRTC, assembles it with ``ptxas`` and disassembles it
 with ``cuobjdump -sass`` (the tools of scripts/sass_static.py; see its docstring). The common
@@ -96,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--slot", default="long long", choices=("int", "long long"))
     ap.add_argument("--show", action="store_true", help="print the path")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0].startswith("turboquant"):  # the TurboQuant walker, by phase
+        from sass_write_tq import main as tq_main
+
+        return tq_main(argv)
     args = ap.parse_args(argv)
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
