@@ -67,6 +67,15 @@
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
 #endif
+// TQ_VARIANT (kvkit/cuda/write.py tq_variant, KVKIT_WRITE_TQ_VARIANT): 0 the session-9 kernel;
+// 1 fp16 inputs widened without the NaN-payload test (every byte of a slot depends on an input
+// NaN only through its NaN-ness: the codes compare, kv_f16_bits_sat writes every NaN as 0x7E00,
+// E4M3 has one NaN) and the row / slot split by the host's magic numbers; 2 = 1 plus the near
+// decisions of keys (TQ_BKT) and values (see kv_tq_rows).
+#ifndef TQ_VARIANT
+#error "write_turboquant.cu needs TQ_VARIANT from the launcher"
+#endif
+#define TQ_NAN_PAYLOAD (TQ_VARIANT == 0)
 #if !defined(TQ_MIN_CTAS) || !defined(TQ_MIN_CTAS_SM90)
 #error "write_turboquant.cu needs TQ_MIN_CTAS and TQ_MIN_CTAS_SM90 (launch bounds' minimum CTAs)"
 #endif
@@ -117,6 +126,15 @@ struct __align__(16) KvTqCell {
     float hi2;         // c[base + 1]^2 (c[base]^2 without a midpoint): when mid <= y
 };
 __constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
+
+// The cell of y: fmaxf maps a NaN y to -clamp (cell 0, base 0, and the NaN compares false:
+// index 0, the spec's); the fmaf's product is exact (scale a power of two) and its sum has
+// ulp 1, so the low bits are rint(yc * scale).
+__device__ __forceinline__ KvTqCell kv_tq_cell(float y, const KvTqCell* __restrict__ s_cell) {
+    const float yc = fminf(fmaxf(y, -TQ_BKT_CLAMP), TQ_BKT_CLAMP);
+    const int cell = __float_as_int(__fmaf_rn(yc, TQ_BKT_SCALE, TQ_BKT_MAGIC)) - TQ_BKT_BIAS;
+    return s_cell[cell];
+}
 #endif
 #endif
 
@@ -143,14 +161,24 @@ __host__ __device__ constexpr int kv_tq_group(int pb) {
     return g;
 }
 
-// The b-bit codes c[r][j] (element (p + L r) E + j of the row, each < 2^BITS) into the slot's
+// A spec lane's E codes of one plane as one piece of E b bits (b <= 4), code j at bits [j b,
+// j b + b): packed as they are decided, so E codes per row cost one register, not E.
+#if TQ_E * 4 > 32
+typedef unsigned long long KvTqPiece;
+#else
+typedef unsigned int KvTqPiece;
+#endif
+#define TQ_PUT_CODE(piece, j, bits, code) \
+    ((piece) = ((j) == 0 ? (KvTqPiece)0 : (piece)) | ((KvTqPiece)(code) << ((bits) * (j))))
+
+// The b-bit codes (pieces c[r]: element (p + L r) E + j of the row, each < 2^BITS) into the slot's
 // LSB-first stream at byte offset `base`, packed in registers. Spec lane v's E codes are the
 // stream's bits [v E b, v E b + E b); G consecutive spec lanes (G a power of two <= L, the
 // same r) make U whole 16-bit units, ORed together by xor shuffles inside the row, and lane
 // q < U of each group stores unit q (and q + G, ...). Every lane runs the shuffles; only
 // `store` lanes write.
 template <int BITS, int R, int E>
-__device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, const unsigned int (&c)[R][E], int p,
+__device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, const KvTqPiece (&c)[R], int p,
                                                   bool store, bool even) {
     constexpr int L = 32 / R;
     constexpr int PB = E * BITS;
@@ -162,9 +190,7 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
     for (int r = 0; r < R; ++r) {
         const int byte0 = base + ((p - q + L * r) * PB) / 8;  // the group's first byte
         if constexpr (G * PB <= 32) {
-            unsigned int piece = 0u;
-#pragma unroll
-            for (int j = 0; j < E; ++j) piece |= c[r][j] << (BITS * j);
+            unsigned int piece = (unsigned int)c[r];
             if constexpr (G > 1) {
                 piece <<= PB * q;
 #pragma unroll
@@ -176,9 +202,7 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
                     if (u + q < U) kv_tq_store16(dst, byte0 + 2 * (u + q), piece >> (16 * (u + q)), even);
             }
         } else {
-            unsigned long long piece = 0ull;
-#pragma unroll
-            for (int j = 0; j < E; ++j) piece |= (unsigned long long)c[r][j] << (BITS * j);
+            unsigned long long piece = (unsigned long long)c[r];
             if constexpr (G > 1) {
                 piece <<= PB * q;
 #pragma unroll
@@ -205,11 +229,9 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
 #define TQ_TABLES , s_mid, s_cent
 #endif
 
-// Everything after the loads, for the TQ_RPW rows of a warp: quantize, pack and store. kw / vw:
-// the lane's input words of K and V (spec lanes p + L r); dst: the row's slot (any address
-// when !active); EVEN: dst is even (16-bit stores), else byte stores.
+// kv_tq_rows's key half (K: codes and norm, or FP8 bytes) and value half; same arguments.
 template <bool EVEN>
-__device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+__device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
     constexpr int R = TQ_RPW;
@@ -217,12 +239,10 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
     constexpr bool even = EVEN;
     // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
     float x[R][TQ_E];
-    unsigned int c[R][TQ_E];
-
-
+    KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- K ----
 #pragma unroll
-    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(kw[r], x[r]);
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E, TQ_NAN_PAYLOAD>(kw[r], x[r]);
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
@@ -259,65 +279,92 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
         }
         kv_vlane_fwht<R, TQ_E>(x);
         const float den = __fmul_rn(TQ_SQRT_D, n);
-        // y = t / den, or 0 when den == 0 (row-uniform): kv_div_by with the row's reciprocal;
-        // a lane with an element out of its range redoes its elements with __fdiv_rn.
-        if (den == 0.0f) {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
-        } else {
+        // acc[r]: spec lane (p + L r)'s running sum of its centroids' squares (kv_vlane_sum's
+        // first step, in its order), so the squares need no registers of their own.
+        float acc[R];
+        bool done = false;  // this lane's codes and acc hold the spec's values
+#if TQ_VARIANT == 2 && TQ_BKT
+        if (den != 0.0f) {
+            // Near decisions (kvkit/formats/arch_models.py tq_near_key_index, where the proof
+            // is): yq = RN(t * RN(1 / den)) is within 2^-21 of the spec's y = RN(t / den) where
+            // either decides anything (|y| <= 1), every midpoint lies more than 2^-16 from its
+            // cell's edges (tq_near_table_ok), so the cell of yq and the comparison with its
+            // midpoint give the spec's index unless |yq - mid| <= TQ_NEAR_KEY: then this lane
+            // (rare: ~1e-5 of the elements of Gaussian-like rows) takes the exact path below.
+            // A NaN t gives a NaN yq: cell 0, no comparison true, no near test true: index 0,
+            // the spec's. Saves the division's four FMAs and range tests per element.
             const KvDivisor dv = kv_divisor(den);
             bool ok = dv.ok;
-            float y[R][TQ_E];
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) {
 #pragma unroll
-                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
-            if (!ok) {
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float yq = __fmul_rn(x[r][j], dv.y);
+                    const KvTqCell e = kv_tq_cell(yq, s_cell);
+                    const float mid = __uint_as_float(e.mid);
+                    const bool up = mid <= yq;
+                    ok = ok && !(fabsf(__fsub_rn(yq, mid)) <= TQ_NEAR_KEY);
+                    TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, e.base + (up ? 1 : 0));
+                    const float sq = up ? e.hi2 : e.lo2;
+                    acc[r] = j == 0 ? sq : __fadd_rn(acc[r], sq);
+                }
+            }
+            done = ok;
+        }
+#endif
+        if (!done) {
+            // y = t / den, or 0 when den == 0 (row-uniform): kv_div_by with the row's reciprocal;
+            // a lane with an element out of its range redoes its elements with __fdiv_rn.
+            if (den == 0.0f) {
 #pragma unroll
                 for (int r = 0; r < R; ++r)
 #pragma unroll
-                    for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], den);
+                    for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
+            } else {
+                const KvDivisor dv = kv_divisor(den);
+                bool ok = dv.ok;
+                float y[R][TQ_E];
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
+                if (!ok) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r)
+#pragma unroll
+                        for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], den);
+                }
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) x[r][j] = y[r][j];
             }
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) {
 #pragma unroll
-                for (int j = 0; j < TQ_E; ++j) x[r][j] = y[r][j];
-        }
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) {
-                const float y = x[r][j];
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float y = x[r][j];
 #if TQ_BKT
-                // The cell: fmaxf maps a NaN y to -clamp (cell 0, base 0, and the NaN compares
-                // false: index 0, the spec's); the fmaf's product is exact (scale a power of
-                // two) and its sum has ulp 1, so the low bits are rint(yc * scale).
-                const float yc = fminf(fmaxf(y, -TQ_BKT_CLAMP), TQ_BKT_CLAMP);
-                const int cell = __float_as_int(__fmaf_rn(yc, TQ_BKT_SCALE, TQ_BKT_MAGIC)) - TQ_BKT_BIAS;
-                const KvTqCell e = s_cell[cell];
-                const bool up = __uint_as_float(e.mid) <= y;
-                c[r][j] = (unsigned int)(e.base + (up ? 1 : 0));
-                x[r][j] = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
+                    const KvTqCell e = kv_tq_cell(y, s_cell);
+                    const bool up = __uint_as_float(e.mid) <= y;
+                    TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, e.base + (up ? 1 : 0));
+                    const float sq = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
 #else
-                // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
-                // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
-                // (or the NaN pad) compares false, as in the linear count.
-                int idx = 0;
+                    // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
+                    // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
+                    // (or the NaN pad) compares false, as in the linear count.
+                    int idx = 0;
 #pragma unroll
-                for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
-                    if (s_mid[idx + step - 1] <= y) idx += step;
-                c[r][j] = (unsigned int)idx;
-                x[r][j] = s_cent[idx];
+                    for (int step = TQ_NUM_CENTROIDS / 2; step > 0; step >>= 1)
+                        if (s_mid[idx + step - 1] <= y) idx += step;
+                    TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, idx);
+                    const float sq = __fmul_rn(s_cent[idx], s_cent[idx]);
 #endif
+                    acc[r] = j == 0 ? sq : __fadd_rn(acc[r], sq);
+                }
             }
         }
-#if TQ_BKT
-        const float cn = __fsqrt_rn(kv_vlane_sum<R, TQ_E>(x));  // x holds the squares
-#else
-        const float cn = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
-#endif
+        const float cn = __fsqrt_rn(kv_vlane_sum_lanes<R>(acc));
         kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
         if (active && p == 0) {
             float ratio = 0.0f;
@@ -326,10 +373,21 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
         }
     }
 #endif
+}
 
+template <bool EVEN>
+__device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+    constexpr bool even = EVEN;
+    // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
+    float x[R][TQ_E];
+    KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- V ----
 #pragma unroll
-    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E>(vw[r], x[r]);
+    for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E, TQ_NAN_PAYLOAD>(vw[r], x[r]);
     // lo / hi: the spec's sequential scan keeps the first-occurring NaN-ignoring extreme. Its
     // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
     // can differ, in its sign: then it is the first zero element of the row (every element
@@ -369,27 +427,55 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
         // [0, 15.01 scale] or NaN, and only the code is kept: see divide.cuh), __fdiv_rn when
         // the scale is out of kv_divisor's range (row-uniform).
         const KvDivisor dv = kv_divisor(scale);
-        float y[R][TQ_E];
+        bool done = false;  // c holds the spec's codes
+#if TQ_VARIANT == 2
         if (dv.ok) {
+            // Near decisions (kvkit/formats/arch_models.py tq_near_value_codes, where the proof
+            // is): z = RN((v - lo) * RN(1 / scale) + 0.5) is within 2^-19 of w + 0.5, w the exact
+            // quotient, and the spec's RN(RN(w) + 0.5) within 2^-20 of it; so floor(z) is the
+            // spec's code unless z is within TQ_NEAR_VALUE of an integer, tested as
+            // |z - (floor(z) + 0.5)| < 0.5 - TQ_NEAR_VALUE (f = RD(z + 2^23) = 2^23 + floor(z), the
+            // code in its low bits; f - (2^23 - 0.5) = floor(z) + 0.5 and z minus it are exact).
+            // No clamp: 0.5 <= z < 15.6 for every non-NaN element, and a NaN fails the test.
+            // A lane that fails it (rare, or a NaN element) takes the exact path below.
+            bool ok = true;
 #pragma unroll
-            for (int r = 0; r < R; ++r)
+            for (int r = 0; r < R; ++r) {
 #pragma unroll
-                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by_unchecked(__fsub_rn(x[r][j], vlo), dv);
-        } else {
-#pragma unroll
-            for (int r = 0; r < R; ++r)
-#pragma unroll
-                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(__fsub_rn(x[r][j], vlo), scale);
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float z = __fmaf_rn(__fsub_rn(x[r][j], vlo), dv.y, 0.5f);
+                    const float f = __fadd_rd(z, 8388608.0f);
+                    TQ_PUT_CODE(c[r], j, TQ_VALUE_BITS, __float_as_uint(f) & (unsigned int)TQ_V_TOP);
+                    const float d = __fsub_rn(z, __fsub_rn(f, 8388607.5f));
+                    ok = ok && fabsf(d) < 0.5f - TQ_NEAR_VALUE;
+                }
+            }
+            done = ok;
         }
-        // q = clamp(floor(z), 0, top) with z = y + 0.5, as clamp-then-floor: fmaxf maps a NaN
-        // z to 0 (the spec's NaN -> 0), and z in [0, top] is floored by adding 2^23 rounding
-        // down (ulp 1 there, so exact), the code in the sum's low bits.
+#endif
+        if (!done) {
+            float y[R][TQ_E];
+            if (dv.ok) {
 #pragma unroll
-        for (int r = 0; r < R; ++r) {
+                for (int r = 0; r < R; ++r)
 #pragma unroll
-            for (int j = 0; j < TQ_E; ++j) {
-                const float z = fminf(fmaxf(__fadd_rn(y[r][j], 0.5f), 0.0f), top);
-                c[r][j] = __float_as_uint(__fadd_rd(z, 8388608.0f)) & (unsigned int)TQ_V_TOP;
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by_unchecked(__fsub_rn(x[r][j], vlo), dv);
+            } else {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(__fsub_rn(x[r][j], vlo), scale);
+            }
+            // q = clamp(floor(z), 0, top) with z = y + 0.5, as clamp-then-floor: fmaxf maps a NaN
+            // z to 0 (the spec's NaN -> 0), and z in [0, top] is floored by adding 2^23 rounding
+            // down (ulp 1 there, so exact), the code in the sum's low bits.
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float z = fminf(fmaxf(__fadd_rn(y[r][j], 0.5f), 0.0f), top);
+                    TQ_PUT_CODE(c[r], j, TQ_VALUE_BITS, __float_as_uint(__fadd_rd(z, 8388608.0f)) & (unsigned int)TQ_V_TOP);
+                }
             }
         }
     }
@@ -401,7 +487,61 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
     }
 }
 
+// Everything after the loads, for the TQ_RPW rows of a warp: quantize, pack and store. kw / vw:
+// the lane's input words of K and V (spec lanes p + L r); dst: the row's slot (any address
+// when !active); EVEN: dst is even (16-bit stores), else byte stores.
+template <bool EVEN>
+__device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                           unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
+    // Values first (TQ_VARIANT >= 1): the value words are then dead during the key section,
+    // whose rotated keys and codes (variant 2: both at once) made ptxas spill with them under
+    // the register caps of sm_90 (64 for 8 CTAs per SM; 32 for k8v4's 16).
+#if TQ_VARIANT >= 1
+    kv_tq_values<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
+    kv_tq_keys<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
+#else
+    kv_tq_keys<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
+    kv_tq_values<EVEN>(kw, vw, dst, p, active, k_scale TQ_TABLES);
 #endif
+}
+
+#endif
+
+// The row / slot prologue of both kernel bodies: row = token * H + head; its slot from
+// slot_mapping; false for a row past the end, a negative slot, or a slot >= capacity (then
+// error_flag |= 1, once per token: by lane 0 of head 0's row). Else *h, *blk, *off: the head,
+// page and offset of the slot. TQ_VARIANT >= 1 divides by the host's magic numbers (paged.cuh
+// KvUDiv: five instructions where a 32-bit division by a run-time divisor takes about twenty).
+__device__ __forceinline__ bool kv_tq_row_slot(long long row, int p, long long n_tokens, int n_heads,
+                                               long long capacity, int block_size,
+                                               const KV_SLOT_T* __restrict__ slot_mapping,
+                                               int* __restrict__ error_flag, const KvUDiv& heads,
+                                               const KvUDiv& bs, int* h, long long* blk, long long* off) {
+    const bool in_range = row < n_tokens * n_heads;  // token * H + head
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long t = 0;
+    long long slot = -1;
+    if (in_range) {
+#if TQ_VARIANT >= 1
+        kv_row_token_head(row, heads, narrow, &t, h);
+#else
+        kv_row_token_head(row, n_heads, narrow, &t, h);
+#endif
+        slot = (long long)slot_mapping[t];
+        if (slot >= capacity) {
+            if (p == 0 && *h == 0) atomicOr(error_flag, 1);
+            slot = -1;
+        }
+    }
+    if (slot < 0) return false;  // row-uniform
+#if TQ_VARIANT >= 1
+    kv_slot_page(slot, bs, narrow, blk, off);
+#else
+    kv_slot_page(slot, block_size, narrow, blk, off);
+#endif
+    return true;
+}
 
 extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
@@ -416,7 +556,9 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     long long s_stride_head,                     // bytes between heads
     long long s_stride_token,                    // bytes between tokens
     float k_scale,                               // () FP8-key presets: per-layer K scale
-    int* __restrict__ error_flag)                // (1,) bit 1: a slot >= capacity
+    int* __restrict__ error_flag,                // (1,) bit 1: a slot >= capacity
+    unsigned int heads_m, int heads_s1, int heads_s2,  // () kv_udiv_magic numbers of n_heads
+    unsigned int bs_m, int bs_s1, int bs_s2)           // () ... and of block_size
 #if TQ_REG
 {
     constexpr int R = TQ_RPW;
@@ -448,21 +590,11 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const int g = lane / L;  // this lane's row in the warp
     const int p = lane % L;  // its lane within the row
     const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
-    const bool in_range = row < n_tokens * n_heads;  // token * H + head
-    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
-    long long t = 0, blk = 0, off = 0;
+    long long blk = 0, off = 0;
     int h = 0;
-    long long slot = -1;
-    if (in_range) {
-        kv_row_token_head(row, n_heads, narrow, &t, &h);
-        slot = (long long)slot_mapping[t];
-        if (slot >= capacity) {
-            if (p == 0 && h == 0) atomicOr(error_flag, 1);
-            slot = -1;
-        }
-    }
-    const bool active = slot >= 0;  // row-uniform
-    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
+                                       KvUDiv{n_heads, heads_m, heads_s1, heads_s2},
+                                       KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &h, &blk, &off);
     unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
     const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
     const long long src = active ? row * KV_HEAD_DIM : 0;
@@ -517,21 +649,11 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const int p = lane % L;  // its lane within the row
     const int srow = (threadIdx.x >> 5) * R + g;  // the row's staging in shared memory
     const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
-    const bool in_range = row < n_tokens * n_heads;  // token * H + head
-    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
-    long long t = 0, blk = 0, off = 0;
+    long long blk = 0, off = 0;
     int h = 0;
-    long long slot = -1;
-    if (in_range) {
-        kv_row_token_head(row, n_heads, narrow, &t, &h);
-        slot = (long long)slot_mapping[t];
-        if (slot >= capacity) {
-            if (p == 0 && h == 0) atomicOr(error_flag, 1);
-            slot = -1;
-        }
-    }
-    const bool active = slot >= 0;  // row-uniform
-    if (active) kv_slot_page(slot, block_size, narrow, &blk, &off);
+    const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
+                                       KvUDiv{n_heads, heads_m, heads_s1, heads_s2},
+                                       KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &h, &blk, &off);
     unsigned char* sb = reinterpret_cast<unsigned char*>(s_slot16[srow]);
     unsigned char* sc = s_codes[srow];
     const long long src = active ? row * KV_HEAD_DIM : 0;

@@ -4,6 +4,7 @@ number to compare before and after a change.
 
     python scripts/sass_write.py nvfp4,nvfp4_4over6,fp8_e4m3,fp16 [--head-dim 128] [--dtype 1]
         [--arch sm_90] [--slot "long long"] [--define NAME=VALUE ...] [--show]
+    python scripts/sass_write.py turboquant_4bit_nc,... [...]   # scripts/sass_write_tq.py
 
 Builds ``write_nvfp4.cu`` (NVFP4 formats) or ``write_dense.cu`` (the others; its body from
 ``KVKIT_WRITE_DENSE_VARIANT``, as the launcher picks it) as PTX with NVRTC, assembles it with
@@ -105,6 +106,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--define", action="append", default=[], metavar="NAME=VALUE",
                     help="an extra define (a variant; overrides the launcher's)")  # fmt: skip
     ap.add_argument("--show", action="store_true", help="print the path")
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv and argv[0].startswith("turboquant"):  # the TurboQuant walker, by phase
+        from sass_write_tq import main as tq_main
+
+        return tq_main(argv)
     args = ap.parse_args(argv)
     extra = dict(d.split("=", 1) for d in args.define)
     for name in args.formats.split(","):

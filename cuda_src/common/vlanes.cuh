@@ -13,18 +13,11 @@
 
 #include "common/hadamard.cuh"
 
-// kv_warp_sum_squares for R rows, of squares already rounded (sq = RN(x * x)): the row's sum
-// over all of its virtual lanes, on every lane, in kv_warp_sum_squares' order.
-template <int R, int E>
-__device__ __forceinline__ float kv_vlane_sum(const float (&sq)[R][E]) {
+// kv_vlane_sum after its first step: acc[r] is virtual lane p + L r's sequential sum of its
+// E values (sq[r][0] + sq[r][1] + ..., left to right); the row's sum on every lane.
+template <int R>
+__device__ __forceinline__ float kv_vlane_sum_lanes(float (&acc)[R]) {
     constexpr int L = 32 / R;
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        acc[r] = sq[r][0];
-#pragma unroll
-        for (int j = 1; j < E; ++j) acc[r] = __fadd_rn(acc[r], sq[r][j]);
-    }
 #pragma unroll
     for (int off = 16; off >= L; off >>= 1) {  // virtual distances 16, 8, ... >= L: registers
         const int d = off / L;
@@ -38,6 +31,20 @@ __device__ __forceinline__ float kv_vlane_sum(const float (&sq)[R][E]) {
 #pragma unroll
     for (int off = L / 2; off > 0; off >>= 1) s = __fadd_rn(s, __shfl_xor_sync(KV_FULL_WARP, s, off));
     return s;
+}
+
+// kv_warp_sum_squares for R rows, of squares already rounded (sq = RN(x * x)): the row's sum
+// over all of its virtual lanes, on every lane, in kv_warp_sum_squares' order.
+template <int R, int E>
+__device__ __forceinline__ float kv_vlane_sum(const float (&sq)[R][E]) {
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        acc[r] = sq[r][0];
+#pragma unroll
+        for (int j = 1; j < E; ++j) acc[r] = __fadd_rn(acc[r], sq[r][j]);
+    }
+    return kv_vlane_sum_lanes<R>(acc);
 }
 
 // kv_warp_sum_squares for R rows: the row's sum over all of its virtual lanes, on every lane.

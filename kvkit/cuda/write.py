@@ -31,7 +31,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..formats import DenseFormat, Format, FP8Format, NVFP4Format, TurboQuantFormat
-from ..formats.arch_models import BKT_MAGIC, BKT_MAGIC_BITS, tq_bucket_table
+from ..formats.arch_models import (
+    BKT_MAGIC,
+    BKT_MAGIC_BITS,
+    TQ_NEAR_KEY,
+    TQ_NEAR_VALUE,
+    tq_bucket_table,
+    tq_near_table_ok,
+)
 from ..formats.base import cuda_float
 from .compiler import get_kernel
 from .launch import launch_and_record
@@ -130,40 +137,73 @@ def _env_int(name: str, allowed) -> int | None:
 
 
 #: ``kvkit_write_dense`` bodies (write_dense.cu KV_DENSE_FAST), picked by
-#: ``KVKIT_WRITE_DENSE_VARIANT``. 0 (default): the measured body (one chunk per thread, K then
-#: V, __fdiv_rn per fp8 element). 1: the fast body (K and V loads first, host magic numbers,
-#: 32 registers; fp8 with float16 inputs: the fast chunk, 537 -> 296 instructions per thread on
-#: sm_90's common path, scripts/sass_write.py). 1 is compiled for every target and its fp8
-#: arithmetic checked against the spec on the CPU (tests/formats/test_fp8_fast_chunk.py), NOT
-#: yet run on a GPU, so 0 stays the default. fp8 with float32 / bfloat16 inputs keeps body 0
-#: under variant 1 (no fast chunk for them, and their loads-first words spill at 32 registers).
-#: Two chunks per thread (KV_DENSE_CPT=2, 234 instructions per chunk pair) spill 16 bytes at
-#: 32 registers on sm_90: not offered.
+#: ``KVKIT_WRITE_DENSE_VARIANT``. 0: the session-9 body (one chunk per thread, K then V,
+#: __fdiv_rn per fp8 element). 1 (default): the fast body (K and V loads first, host magic
+#: numbers, 32 registers; fp8 with float16 inputs: the fast chunk, 537 -> 296 instructions per
+#: thread on sm_90's common path, scripts/sass_write.py; its fp8 arithmetic is checked against
+#: the spec on the CPU, tests/formats/test_fp8_fast_chunk.py, and against the Numba bytes on
+#: the GPU). Measured on the H200 (session 10, scripts/write_ab.py, 4M token-heads, page-ordered
+#: slots): fp8 1.273 -> 0.837 ms, fp16 1.154 -> 1.112, bf16 1.225 -> 1.077. fp8 with float32 /
+#: bfloat16 inputs keeps body 0 under variant 1 (no fast chunk for them, and their loads-first
+#: words spill at 32 registers). Two chunks per thread (KV_DENSE_CPT=2, 234 instructions per
+#: chunk pair) spill 16 bytes at 32 registers on sm_90: not offered.
 DENSE_VARIANTS = (0, 1)
+DENSE_VARIANT_DEFAULT = 1
 
 
 def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_dense`` beyond ``fmt.cuda_defines()`` for the
     KV_IN_DTYPE code ``in_dtype``: ``KV_DENSE_FAST`` and ``KV_DENSE_CPT`` (DENSE_VARIANTS)."""
     override = _env_int("KVKIT_WRITE_DENSE_VARIANT", DENSE_VARIANTS)
-    fast = 0 if override is None else override
+    fast = DENSE_VARIANT_DEFAULT if override is None else override
     if isinstance(fmt, FP8Format) and in_dtype != "1":
         fast = 0
     return {"KV_DENSE_FAST": str(fast), "KV_DENSE_CPT": "1"}
 
 
+#: ``kvkit_write_turboquant`` variants (its ``TQ_VARIANT`` define; KVKIT_WRITE_TQ_VARIANT):
+#: 0 as session 9 (fp16 inputs widened with the NaN-payload test, row / slot split by IEEE-free
+#: but full 32-bit divisions); 1: fp16 inputs widened by the bare hardware conversion (every
+#: TurboQuant byte depends on an input NaN only through its NaN-ness: the codes compare, the
+#: fp16 norm / scale / zero write every NaN as 0x7E00) and the row / slot split by the host's
+#: magic numbers (udiv_magic); 2 (default) = 1 plus key buckets and value codes decided from a
+#: product by the row's reciprocal, with the exact division only for a lane that has an element
+#: near a decision boundary (kvkit.formats.arch_models tq_near_key_index / tq_near_value_codes,
+#: where the proof is; tests/formats/test_tq_near_models.py; the GPU write tests compare its
+#: bytes with the Numba backend's, natively and through sm_80). Measured on the H200 (session
+#: 10, scripts/write_ab.py, 4M token-heads, page-ordered slots), variant 0 / 1 / 2 ms: 4bit_nc
+#: 1.558 / 1.468 / 1.379, 3bit_nc 1.768 / 1.681 / 1.569, k3v4 1.636 / 1.770 / 1.429, k8v4
+#: 1.350 / 1.458 / 1.240 (variant 1's k3v4 / k8v4 runs spread over 1.26-2.01 ms).
+TQ_VARIANT_DEFAULT = 2
+
+
+def tq_variant(fmt: TurboQuantFormat) -> int:
+    """``TQ_VARIANT`` of ``kvkit_write_turboquant`` (see TQ_VARIANT_DEFAULT): the environment's
+    KVKIT_WRITE_TQ_VARIANT (0, 1 or 2) or the default; 2 falls back to 1 for MSE keys without a
+    cell table (the near decisions need one) whose table fails ``tq_near_table_ok``."""
+    override = _env_int("KVKIT_WRITE_TQ_VARIANT", (0, 1, 2))
+    v = TQ_VARIANT_DEFAULT if override is None else override
+    if v == 2 and fmt.key_kind == "mse":
+        table = tq_bucket_table(fmt.midpoints, fmt.centroids)
+        if table is None or not tq_near_table_ok(table):
+            return 1
+    return v
+
+
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
-    ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` / ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE
-    code ``in_dtype``) and,
+    ``TQ_VARIANT`` (tq_variant), ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` /
+    ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE code ``in_dtype``), ``TQ_NEAR_VALUE`` and,
     for MSE keys whose codebook has a cell table
-    (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1`` and the table; without one
-    the kernel searches the midpoints."""
+    (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1``, the table and
+    ``TQ_NEAR_KEY``; without one the kernel searches the midpoints."""
     others, sm90 = tq_min_ctas(fmt, in_dtype)
     d = {
+        "TQ_VARIANT": str(tq_variant(fmt)),
         "TQ_RPW": str(tq_rows_per_warp(fmt)),
         "TQ_MIN_CTAS": str(others),
         "TQ_MIN_CTAS_SM90": str(sm90),
+        "TQ_NEAR_VALUE": cuda_float(TQ_NEAR_VALUE),
     }
     d.update(_tq_bucket_defines(fmt))
     return d
@@ -189,6 +229,7 @@ def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
             TQ_BKT_MAGIC=cuda_float(BKT_MAGIC),
             TQ_BKT_BIAS=str(BKT_MAGIC_BITS - table.half),
             TQ_BKT_TABLE="{" + cells + "}",
+            TQ_NEAR_KEY=cuda_float(TQ_NEAR_KEY),
         )
     return d
 
@@ -332,6 +373,7 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         rows_per_warp = int(defines["TQ_RPW"])
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
+        args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
         launch_and_record(
             record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), (TQ_WARPS * 32,), tuple(args)
         )

@@ -500,3 +500,97 @@ def fp8_fast_chunk(halves: np.ndarray, b: float, hardware: bool) -> np.ndarray:
     words = h[..., 0::2].astype(np.uint32) | (h[..., 1::2].astype(np.uint32) << 16)
     sel = np.stack([(words >> 8) & 0xFF, (words >> 24) & 0xFF], axis=-1).reshape(h.shape)
     return (mag | (sel & 0x80)).astype(np.uint8)
+
+
+# --- TurboQuant near decisions (cuda_src/write_turboquant.cu, TQ_VARIANT 2) -------------------
+
+#: A key element whose fast quotient yq lies within this of its cell's midpoint takes the exact
+#: division (the kernel's TQ_NEAR_KEY). yq = RN(t * RN(1 / den)) against the spec's
+#: y = RN(t / den): |yq - y| <= 3 * 2^-24 |t / den| + 2^-149 (three relative roundings, one
+#: absolute where a product is subnormal), <= 2^-21 while |t / den| <= 2; the margin is 2x that.
+TQ_NEAR_KEY = np.float32(2.0**-20)
+#: Every midpoint must lie at least this far from its cell's edges for the near key decisions
+#: (tq_near_table_ok): then a yq and a y in different cells (one edge between them, so
+#: |y| <= clamp + 2^-21 <= 2) count the same midpoints. The presets' distances are >= 2^-13.
+TQ_NEAR_EDGE = 2.0**-16
+#: A value element whose fast z lies within this of an integer takes the exact division (the
+#: kernel's TQ_NEAR_VALUE): |z - (w + 0.5)| < 2^-19 and |Z - (w + 0.5)| <= 2^-20 (below), so
+#: 2^-18 would do; 2^-16 leaves 4x.
+TQ_NEAR_VALUE = np.float32(2.0**-16)
+
+
+def tq_near_table_ok(table: BucketTable) -> bool:
+    """Whether the near key decisions may use ``table``: every midpoint at least TQ_NEAR_EDGE
+    from the edges of its cell (reals (k - half -+ 0.5) / scale)."""
+    mids = table.mid[~np.isnan(table.mid)].astype(np.float64)
+    k = table.cell(mids.astype(np.float32)).astype(np.float64) - table.half
+    lo = (k - 0.5) / float(table.scale)
+    hi = (k + 0.5) / float(table.scale)
+    return bool(np.all(np.minimum(mids - lo, hi - mids) >= TQ_NEAR_EDGE))
+
+
+def tq_near_key_index(t: np.ndarray, den, table: BucketTable) -> tuple[np.ndarray, np.ndarray]:
+    """The near key decision of write_turboquant.cu (TQ_VARIANT 2) for rotated elements t
+    (float32, ...) and the row's den (float32, > 0; broadcasts): (index, ok). Where ok the
+    kernel keeps index; elsewhere it divides exactly (the lane's elements all take
+    the spec's y = RN(t / den)). The kernel's ok also needs den in [2^-40, 2^40]; so does this
+    (the reciprocal is then normal, the error bound above holds).
+
+    Why index is the spec's #{midpoints <= RN(t / den)} where ok: let y = RN(t / den) and
+    yq = RN(t * RN(1 / den)) (float32, IEEE, subnormals kept). (a) If yq and y are in one cell,
+    the count is base + (mid <= .) for both, and |RN(yq - mid)| > TQ_NEAR_KEY implies
+    |yq - mid| > TQ_NEAR_KEY > |yq - y| (both near the midpoint, |y| < 1, so the error bound
+    holds), so mid <= yq iff mid <= y. (b) If they are in different cells, an edge e lies
+    between them with |e| <= clamp <= 1, so |yq - y| <= 2^-21 and every midpoint is more than
+    TQ_NEAR_EDGE from e: none lies between yq and y, and the count over the cells below yq's
+    plus yq's own comparison is the count for y. NaN t: yq and y are NaN, cell 0, index 0 for
+    both, and no near test is true. Infinite t (den finite): yq = y = +-inf.
+    """
+    t = np.asarray(t, np.float32)
+    den = np.broadcast_to(np.asarray(den, np.float32), t.shape)
+    with np.errstate(all="ignore"):
+        row_ok = (den >= DIV_LO) & (den <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, den, np.float32(1))).astype(np.float32)
+        yq = (t * r).astype(np.float32)
+        k = table.cell(yq)
+        mid = table.mid[k]
+        up = mid <= yq
+        near = np.abs((yq - mid).astype(np.float32)) <= TQ_NEAR_KEY
+    idx = table.base[k] + up.astype(np.int32)
+    return idx.astype(np.int64), row_ok & ~near
+
+
+def tq_near_value_codes(
+    v: np.ndarray, bits: int, floor_scale: float
+) -> tuple[np.ndarray, np.ndarray]:
+    """The near value decision of write_turboquant.cu (TQ_VARIANT 2) for rows v (..., D)
+    float32: (codes, ok) per element; where ok the kernel keeps the code, elsewhere (and for
+    every element of a row whose scale is out of [2^-40, 2^40]) it divides exactly.
+
+    Per element, with a = RN(v - lo) (the spec's), r = RN(1 / scale), w = a / scale (real):
+    z = RN(a r + 0.5) (one fma), f = RD(z + 2^23) = 2^23 + floor(z), code = floor(z) & top,
+    d = z - (floor(z) + 0.5) (exact), ok = |d| < 0.5 - TQ_NEAR_VALUE. Why code is the spec's
+    floor(Z), Z = RN(RN(w) + 0.5), where ok: 0 <= w <= 15 (1 + 2^-22) (a <= RN(hi - lo) and
+    scale >= RN((hi - lo) / top) within one rounding), so |a r - w| <= w 2^-24 < 2^-19.9 and
+    z is within 2^-19 of w + 0.5; RN(w) is within 2^-21 of w and Z within 2^-21 of RN(w) + 0.5
+    (values below 16, ulp <= 2^-20). ok puts z in (k + 2^-16, k + 1 - 2^-16), k = floor(z), so
+    w + 0.5 and then Z are inside (k, k + 1): floor(Z) = k, and no clamp applies (Z < 16).
+    A NaN v gives a NaN d: not ok.
+    """
+    v = np.asarray(v, np.float32)
+    top = np.float32((1 << bits) - 1)
+    with np.errstate(all="ignore"):
+        lo = np.fmin.reduce(v, axis=-1)
+        hi = np.fmax.reduce(v, axis=-1)
+        scale = ((hi - lo) / top).astype(np.float32)
+        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
+        scale = scale.astype(np.float32)
+        row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
+        a = (v - lo[..., None]).astype(np.float32)
+        z = fma_f32(a, np.broadcast_to(r[..., None], a.shape), np.float32(0.5))
+        fl = np.floor(z.astype(np.float64))  # RD(z + 2^23) - 2^23: exact for 0 <= z < 2^23
+        d = (z.astype(np.float64) - (fl + 0.5)).astype(np.float32)  # exact, as on the GPU
+        ok = np.abs(d) < np.float32(0.5) - TQ_NEAR_VALUE
+        codes = np.where(np.isnan(fl), 0, fl).astype(np.int64) & int(top)
+    return codes, ok & row_ok[..., None]

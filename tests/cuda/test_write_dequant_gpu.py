@@ -499,12 +499,12 @@ def test_fp8_every_half_through_each_dense_variant(scale, variant, monkeypatch):
 @pytest.mark.parametrize("slot_dtype", ["int32", "int64"])
 def test_dense_variant_1_equals_numba(name, in_dtype, slot_dtype, monkeypatch):
     """The fast body (KVKIT_WRITE_DENSE_VARIANT=1) for every dense format and input dtype:
-    specials, padding slots, out-of-range slots (flag set, nothing written), odd head counts and
-    block sizes (the host magic numbers), D = 48 and 128."""
+    specials, padding slots, out-of-range slots (flag set, nothing written), odd head counts
+    (the host magic numbers), block sizes 32 and 16, D = 48 and 128."""
     import cupy
 
     monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "1")
-    for d, heads, bs, nb in ((128, 3, 48, 5), (48, 5, 16, 7), (128, 8, 16, 33)):
+    for d, heads, bs, nb in ((128, 3, 32, 5), (48, 5, 16, 7), (128, 8, 16, 33)):
         c = dict(name=name, d=d, bs=bs, heads=heads, num_blocks=nb, n=nb * bs - 3, seed=d + heads,
                  dtype=in_dtype, magnitude=300.0, padding=0.2, specials=True, scale="odd",
                  slot_dtype=slot_dtype)  # fmt: skip

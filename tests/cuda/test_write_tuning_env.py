@@ -6,13 +6,20 @@ from __future__ import annotations
 import pytest
 
 from kvkit import formats
-from kvkit.cuda.write import tq_launch_defines, tq_min_ctas, tq_rows_per_warp
+from kvkit.cuda.write import (
+    TQ_VARIANT_DEFAULT,
+    tq_launch_defines,
+    tq_min_ctas,
+    tq_rows_per_warp,
+    tq_variant,
+)
 
 
 @pytest.fixture(autouse=True)
 def _no_overrides(monkeypatch):
     monkeypatch.delenv("KVKIT_WRITE_TQ_RPW", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_TQ_MIN_CTAS", raising=False)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
 
 
 def test_defaults_follow_head_dim_and_input_dtype():
@@ -51,7 +58,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "3")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -76,3 +83,35 @@ def test_nvfp4_blocks_per_thread(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_NVFP4_BPT", "4")
     with pytest.raises(ValueError, match="KVKIT_WRITE_NVFP4_BPT"):
         nvfp4_blocks_per_thread(nv, "1")
+
+
+def test_variant_default_and_override(monkeypatch):
+    fmt = formats.get("turboquant_4bit_nc", 128)
+    assert tq_variant(fmt) == TQ_VARIANT_DEFAULT == 2
+    assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "2"
+    for v in ("0", "1"):
+        monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", v)
+        assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == v
+        assert tq_variant(formats.get("turboquant_k8v4", 128)) == int(v)  # FP8 keys: values only
+    # The near key decisions need a cell table: a binary-search codebook keeps variant 1.
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "2")
+    fmt = formats.get("turboquant_4bit_nc", 128)
+    assert "TQ_NEAR_KEY" in tq_launch_defines(fmt, "1")
+
+
+def test_dense_variant_default_and_override(monkeypatch):
+    from kvkit.cuda.write import DENSE_VARIANT_DEFAULT, dense_launch_defines
+
+    fp8, fp16 = formats.get("fp8_e4m3", 128), formats.get("fp16", 128)
+    monkeypatch.delenv("KVKIT_WRITE_DENSE_VARIANT", raising=False)
+    assert DENSE_VARIANT_DEFAULT == 1
+    assert dense_launch_defines(fp8, "1")["KV_DENSE_FAST"] == "1"
+    assert dense_launch_defines(fp16, "0")["KV_DENSE_FAST"] == "1"
+    # fp8 has a fast chunk only for float16 inputs: float32 / bfloat16 keep body 0
+    assert dense_launch_defines(fp8, "0")["KV_DENSE_FAST"] == "0"
+    assert dense_launch_defines(fp8, "2")["KV_DENSE_FAST"] == "0"
+    monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "0")
+    assert dense_launch_defines(fp8, "1")["KV_DENSE_FAST"] == "0"
+    monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "2")
+    with pytest.raises(ValueError, match="KVKIT_WRITE_DENSE_VARIANT"):
+        dense_launch_defines(fp8, "1")

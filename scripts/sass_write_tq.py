@@ -1,0 +1,241 @@
+"""Common-path SASS count of the TurboQuant write kernel, by phase, without a GPU.
+
+    python scripts/sass_write_tq.py turboquant_4bit_nc[,...] [--head-dim 128] [--dtype 1]
+        [--arch sm_90] [--slot "long long"] [--variants 0,1,2] [--show] [--branches]
+
+(scripts/sass_write.py passes TurboQuant names here.) Builds ``write_turboquant.cu`` with
+``-lineinfo`` (NVRTC PTX, ptxas, ``nvdisasm -gi``: the tools of scripts/sass_static.py) with
+the launch defines of kvkit/cuda/write.py under each KVKIT_WRITE_TQ_VARIANT, then walks one
+warp's common path from the entry to EXIT: fp16 inputs without NaN, aligned, a valid slot, the
+narrow 32-bit index path, even slots, non-zero rows in kv_divisor's range, no zero value
+extreme, every near decision holding (variant 2). A conditional branch is decided by RULES
+(source line of the branch, the instruction that set its predicate, the branch text); one no
+rule covers is printed as NO RULE and falls through: check the list (--branches) when the
+kernel changes. The count is warp instructions for TQ_RPW rows (one warp), split by phase
+(the innermost source line inside kv_tq_keys / kv_tq_values / the kernel body, by markers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import subprocess
+import tempfile
+from pathlib import Path
+
+from kvkit import formats
+from kvkit.cuda.compiler import _nvrtc, _options, inline_source
+
+_FILE = re.compile(r'\s*//## File ".*?", line (\d+)')
+_INS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+_SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP", "VOTE")
+
+#: (source-line regex, predicate-setter regex, "predicate branch" regex, taken?)
+RULES = [
+    (r"if \(in_range\)", r"ISETP\.GT", r"^@!P", False),
+    (r"if \(in_range\)", r"ISETP\.GE", r"^@P", False),
+    (r"if \(slot < 0\) return false", r"ISETP\.GE", r"^@!P", False),
+    (r"unsigned char\* dst = active", r"ISETP\.NE", r"^@!P", False),
+    (r"if \(narrow\)", r"ISETP\.LT\.AND\.EX", r"^@P", True),  # narrow: 32-bit index math
+    (r"if \(slot >= capacity\)", r"ISETP\.GE", r"^@!P", True),  # slot < capacity
+    (r"if \(active && aligned\)", r"LOP3", r"^@!P\d BRA P", True),  # active and aligned
+    (r"nan_bits & 0x80008000", r".", r"^@!P", True),  # variant 0: no NaN half
+    (r"__all_sync\(KV_FULL_WARP, even\)", r"VOTE\.ALL", r"^@P", True),
+    (r"__fsqrt_rn", r"0x727fffff", r"^@!P", True),  # sqrt: a normal operand
+    (r"if \(den != 0.0f\)", r"FSETP\.NEU", r"^@!P", False),
+    (r"if \(den == 0.0f\)", r"FSETP", r"^@!P", False),
+    (r"if \(!done\)", r".", r".", True),  # the near decisions held (variant 2)
+    (r"if \(dv\.ok\)", r"FSETP\.GE\.AND", r"^@!P", False),
+    (r"if \(dv\.ok\)", r"FSETP\.GTU", r"^@!P", True),
+    (r"d\.y = __frcp_rn", r".", r"^@P", True),  # reciprocal: exponent in the fast range
+    (r"if \(!ok\)", r".", r"^@P", True),
+    # Stores by some lanes of the warp (lane 0 of a row, the packing groups' store lanes, FP8
+    # key bytes of active rows): the warp issues the body, so the walk goes through it. (A
+    # body after an inverted test, e.g. @P BRA on "not a store lane", is the fall-through too.)
+    (r"if \(active && p == 0\)", r".", r".", False),
+    (r"if \(store\)", r".", r".", False),
+    (r"if \(active\)", r".", r".", False),
+    (r"if \(cn != 0.0f\)", r"FSETP", r"^@!P", False),
+    (r".", r"^FCHK", r"^@!P", True),  # __fdiv_rn: operands in the fast range
+    (r"if \(vlo == 0.0f \|\| vhi == 0.0f\)", r"FSETP\.NEU", r"^@P\d BRA P", True),
+]
+
+#: phase markers: (text of a source line, phase from that line on), searched from kv_tq_keys
+PHASES = [
+    ("// ---- K ----", "widen"),
+    ("const float n = __fsqrt_rn", "norm"),
+    ("const unsigned int sbits", "signs"),
+    ("kv_vlane_fwht<R, TQ_E>(x);", "fwht"),
+    ("const float den", "K divide+bucket"),
+    ("if (!done) {", "K exact fallback"),
+    ("const float cn", "cn sum"),
+    ("kv_tq_store_codes<TQ_KEY_BITS", "K pack+store"),
+    ("// ---- V ----", "widen"),
+    ("float vlo = x[0][0]", "V min/max"),
+    ("const float top = (float)TQ_V_TOP;", "V scale"),
+    ("const KvDivisor dv = kv_divisor(scale);", "V quantize"),
+    ("kv_tq_store_codes<TQ_VALUE_BITS", "V pack+store"),
+    ("__device__ __forceinline__ void kv_tq_rows(", "other"),
+    ("__device__ __forceinline__ bool kv_tq_row_slot(", "index"),
+    ("unsigned int kw[R][W], vw[R][W];", "loads"),
+    ("if (__all_sync(KV_FULL_WARP, even))", "index"),
+]
+
+
+def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str, str]:
+    """(nvdisasm -gi text, inlined source, ptxas -v log) of one build."""
+    from kvkit.cuda.write import tq_launch_defines
+
+    old = os.environ.get("KVKIT_WRITE_TQ_VARIANT")
+    os.environ["KVKIT_WRITE_TQ_VARIANT"] = variant
+    try:
+        defines = dict(fmt.cuda_defines())
+        defines.update(KV_IN_DTYPE=dtype, KV_SLOT_T=slot)
+        defines.update(tq_launch_defines(fmt, dtype))
+    finally:
+        if old is None:
+            del os.environ["KVKIT_WRITE_TQ_VARIANT"]
+        else:
+            os.environ["KVKIT_WRITE_TQ_VARIANT"] = old
+    entry = "write_turboquant.cu"
+    src = inline_source(entry)
+    nvrtc = _nvrtc()
+    prog = nvrtc.createProgram(src, entry, [], [])
+    try:
+        nvrtc.compileProgram(prog, [*_options(entry, defines, arch, True, False), "-lineinfo"])
+        ptx = nvrtc.getPTX(prog)
+    finally:
+        nvrtc.destroyProgram(prog)
+    ptx = (ptx.decode() if isinstance(ptx, bytes) else ptx).rstrip("\0")
+    with tempfile.TemporaryDirectory() as tmp:
+        p, c = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
+        p.write_text(ptx)
+        asm = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-lineinfo", str(p), "-o", str(c)],
+                             check=True, capture_output=True, text=True)  # fmt: skip
+        dis = subprocess.run(["nvdisasm", "-gi", "-c", str(c)], capture_output=True, text=True,
+                             check=True)  # fmt: skip
+    return dis.stdout, src, asm.stderr
+
+
+def parse(text: str) -> tuple[list[dict], dict[str, int]]:
+    """Instructions (addr, pred, body, op, chain: source lines innermost first), labels."""
+    ins: list[dict] = []
+    labels: dict[str, int] = {}
+    chain: list[int] = []
+    pending: list[int] = []
+    label = None
+    for line in text.splitlines():
+        m = _FILE.match(line)
+        if m:
+            pending.append(int(m.group(1)))
+            continue
+        m = _LABEL.match(line)
+        if m:
+            label = m.group(1)
+            continue
+        m = _INS.match(line)
+        if not m:
+            continue
+        if pending:
+            chain, pending = pending, []
+        addr = int(m.group(1), 16)
+        if label:
+            labels[label], label = addr, None
+        t = m.group(2).strip()
+        pm = re.match(r"^(@!?U?P\w+)\s+(.*)$", t)
+        pred, body = (pm.group(1), pm.group(2)) if pm else (None, t)
+        ins.append(dict(addr=addr, pred=pred, body=body, op=body.split()[0], chain=chain))
+    return ins, labels
+
+
+def walk(ins, labels, src, show=False, branches=False):
+    """(count, opcode mix, count per source chain) along the common path."""
+    at = {i["addr"]: k for k, i in enumerate(ins)}
+    setter: dict[str, str] = {}
+    k = n = 0
+    mix: collections.Counter = collections.Counter()
+    lines: collections.Counter = collections.Counter()
+    while n < 100_000:
+        i = ins[k]
+        n += 1
+        mix[i["op"].split(".")[0]] += 1
+        lines[tuple(i["chain"])] += 1
+        body, op = i["body"], i["op"]
+        if show:
+            print(f"   {i['addr']:05x} {(i['pred'] or ''):5s} {body[:70]}")
+        if op.startswith(_SETTERS):
+            for p in re.findall(r"\b(U?P\d)\b", ",".join(body.split(",")[:2])):
+                setter[p] = body
+        if op == "EXIT" and not i["pred"]:
+            return n, mix, lines
+        if op.startswith("BRA"):
+            tgt = labels[re.search(r"`\((\.L_x_\d+)\)", body).group(1)]
+            text = src[i["chain"][0] - 1].strip() if i["chain"] else ""
+            if op.startswith("BRA.DIV"):
+                t = False  # the warp is converged on this path
+            elif not i["pred"]:
+                t = True
+            else:
+                st = setter.get(i["pred"].lstrip("@!"), "?")
+                t = next((d for s, w, b, d in RULES if re.search(s, text) and re.search(w, st)
+                          and re.search(b, i["pred"] + " " + body)), None)  # fmt: skip
+                tag = {True: "taken", False: "falls", None: "NO RULE"}[t]
+                if branches or t is None:
+                    where = f"{i['addr']:05x} {i['pred']:5s} {tag:8s}"
+                    print(f"    {where} <- {st[:40]:40s} | {text[:48]}")
+                t = bool(t)
+            if t:
+                k = at[tgt]
+                continue
+        k += 1
+    raise SystemExit("no EXIT within 100000 instructions")
+
+
+def phases(lines, src) -> collections.Counter:
+    start = next(k + 1 for k, s in enumerate(src) if "void kv_tq_keys(" in s)
+    marks = sorted(
+        (next(k + 1 for k in range(start - 1, len(src)) if pat in src[k]), name)
+        for pat, name in PHASES
+    )
+    out: collections.Counter = collections.Counter()
+    for chain, c in lines.items():
+        ln = next((x for x in chain if x >= start), 0)
+        out[next((name for m, name in reversed(marks) if ln >= m), "other")] += c
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("formats", help="comma-separated TurboQuant format names")
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--dtype", default="1", choices=("1", "2"))
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--slot", default="long long", choices=("int", "long long"))
+    ap.add_argument("--variants", default="0,1,2", help="KVKIT_WRITE_TQ_VARIANT values")
+    ap.add_argument("--show", action="store_true", help="print the path")
+    ap.add_argument("--branches", action="store_true", help="print every branch decision")
+    args = ap.parse_args(argv)
+    for name in args.formats.split(","):
+        fmt = formats.get(name, args.head_dim)
+        for v in args.variants.split(","):
+            text, src, log = build(fmt, args.dtype, args.slot, args.arch, v)
+            src = src.splitlines()
+            regs = ",".join(re.findall(r"Used (\d+) registers", log))
+            spills = ",".join(re.findall(r"(\d+) bytes spill stores", log))
+            ins, labels = parse(text)
+            n, mix, lines = walk(ins, labels, src, args.show, args.branches)
+            ph = phases(lines, src)
+            head = f"{name} D={args.head_dim} dtype={args.dtype} {args.arch} variant {v}"
+            print(f"{head}: registers {regs}, spill bytes {spills}, common path {n} warp instr.")
+            print(
+                "    " + ", ".join(f"{p} {c}" for p, c in sorted(ph.items(), key=lambda x: -x[1]))
+            )
+            print("    " + ", ".join(f"{op} {c}" for op, c in mix.most_common(14)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
