@@ -1,6 +1,6 @@
 """Executed-path instruction count of a decode stage-1 tile loop, without a GPU.
 
-    python scripts/sass_path.py FORMAT --dump DIR            # build: DIR/FORMAT.sass (+ .src)
+    python scripts/sass_path.py FORMAT --dump DIR [--define N=V]  # build DIR/FORMAT.sass, .src
     python scripts/sass_path.py FORMAT --dir DIR --list      # the loop's branches, one a line
     python scripts/sass_path.py FORMAT --dir DIR --take 61f0:T,7af0:F,abb0:15 [--path]
 
@@ -44,11 +44,15 @@ _INS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 
-def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str) -> None:
-    """DIR/NAME.sass (nvdisasm -gi of the stage-1 cubin) and DIR/NAME.src (the inlined entry)."""
+def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str,
+          extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """DIR/NAME.sass (nvdisasm -gi of the stage-1 cubin) and DIR/NAME.src (the inlined entry);
+    extra: NAME=VALUE defines on top of the format's (switches such as
+    KVKIT_DECODE_NVFP4_UNPACK=0)."""
     fmt = formats.get(name, head_dim)
     defines = dict(fmt.cuda_defines())
     defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len))
+    defines.update(d.split("=", 1) for d in extra)
     entry = _STAGE1[fmt.family][0]
     src = inline_source(entry)
     nvrtc = _nvrtc()
@@ -156,13 +160,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--q-len", type=int, default=1)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --dump: an extra -D define, repeatable",
+    )
     ap.add_argument("--head", help="loop head address (hex); default: before the first DEPBAR")
     ap.add_argument("--take", default="", help="ADDR:T|F|N,... branch decisions (hex addresses)")
     ap.add_argument("--list", action="store_true", help="print each branch met on the way")
     ap.add_argument("--path", action="store_true", help="print every instruction walked")
     args = ap.parse_args(argv)
     if args.dump:
-        build(args.format, args.dump, args.head_dim, args.group, args.q_len, args.arch)
+        build(args.format, args.dump, args.head_dim, args.group, args.q_len, args.arch,
+              tuple(args.define))  # fmt: skip
         return 0
     if not args.dir:
         ap.error("--dir (or --dump) is required")

@@ -129,6 +129,39 @@ __device__ __forceinline__ unsigned kv_dc_e2m1x2_f16x2(unsigned byte) {
     return kv_dc_e2m1_pair_f16x2((byte & 0xFu) | ((byte & 0xF0u) << 12));
 }
 
+// (a & M) | (b & ~M): one LOP3 with M as its immediate. Inline PTX, so that the compiler does
+// not fold a later mask into it (it would split the select back into two masked shifts).
+template <unsigned M>
+__device__ __forceinline__ unsigned kv_bitsel(unsigned a, unsigned b) {
+    unsigned r;
+    // LUT over (a, b, M) = (0xF0, 0xCC, 0xAA): (0xF0 & 0xAA) | (0xCC & 0x55) = 0xE4.
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
+// The eight E2M1 codes (nibbles n0..n7, n0 in bits 0..3) of x -> four fp16x2 words, out[k] =
+// kv_dc_e2m1_pair_f16x2 of nibbles k (low half) and k + 4 (high half), each e2m1 * 2^-14.
+// kv_dc_e2m1_pair_f16x2 per word takes two shifts and two masks (the sign moves 12 bits, the
+// magnitude 9) and also needs the pair's nibbles moved to bits 0 and 16 first: ~4.5
+// instructions per word. Here one bit-select per four nibbles builds a word that holds each
+// of them as an fp16 high byte, sign at bit 7 and magnitude at bits 1..3 of a byte, so each
+// word is then one mask, or one shift and one mask (11 instructions for the four words):
+//   odd nibbles (sign bit 8 i + 7 stays, magnitude bits 8 i + 4.. move down 3):
+//     wo = sel(0x80808080: x, else x >> 3): byte i holds nibble 2 i + 1;
+//     out[3] = wo & 0x8E008E00 (bytes 1, 3), out[1] = (wo << 8) & 0x8E008E00 (bytes 0, 2);
+//   even nibbles (sign bit 8 i + 3 up 4, magnitude bits 8 i.. up 1):
+//     we = sel(0x80808080: x << 4, else x << 1): byte i holds nibble 2 i;
+//     out[2] = we & 0x8E008E00, out[0] = (we << 8) & 0x8E008E00.
+// Bits the final mask drops may hold anything. CPU model:
+// tests/cuda/test_nvfp4_unpack_model.py (every code in every position, against the spec).
+__device__ __forceinline__ void kv_dc_e2m1x8_f16x2(unsigned x, unsigned* out) {
+    const unsigned wo = kv_bitsel<0x80808080u>(x, x >> 3);
+    const unsigned we = kv_bitsel<0x80808080u>(x << 4, x << 1);
+    out[0] = (we << 8) & 0x8E008E00u;
+    out[1] = (wo << 8) & 0x8E008E00u;
+    out[2] = we & 0x8E008E00u;
+    out[3] = wo & 0x8E008E00u;
+}
+
 __device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
     unsigned d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
