@@ -111,10 +111,12 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     const unsigned w = *reinterpret_cast<const unsigned*>(sf);
     raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(w & 0xFFu, (w >> 8) & 0xFFu);
     raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sf2_f16x2((w >> 16) & 0xFFu, w >> 24);
+#elif KV_HEAD_DIM == 128
+    // The run's two blocks: scale bytes 2 c, 2 c + 1, one 16-bit load (2-byte aligned).
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sfw_f16x2(*reinterpret_cast<const unsigned short*>(sf));
 #else
     const unsigned s0 = sf[0];
-    const unsigned s1 = KV_NVFP4_KPL > KV_NVFP4_BLOCK ? sf[1] : s0;
-    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s1);
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s0);
 #endif
 }
 // e2m1 codes at bits S.. and 16 + S.. of x -> fp16x2 of e2m1 * 2^-14 (kv_dc_e2m1_pair_f16x2
@@ -129,28 +131,32 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
                                              unsigned* h0, unsigned* h1) {
     const int w = ks >> 1;
     const unsigned x = raw[w];
-    // The word's block scale in both halves: block (8 w) / 16 of the run.
+    // The word's block scale in both halves: block (8 w) / 16 of the run, half hs of scale word
+    // sw (the multiplies take the half by their operand selector: no byte permute).
 #if KV_HEAD_DIM == 256
     // Four blocks, two scale words: block w / 2 is half (w / 2) % 2 of scale word w / 4.
-    const unsigned sf =
-        __byte_perm(raw[KV_NVFP4_KWORDS + (w >> 2)], 0u, (w & 2) ? 0x3232 : 0x1010);
+    const unsigned sw = raw[KV_NVFP4_KWORDS + (w >> 2)];
+    const bool hs = (w & 2) != 0;
 #else
-    const unsigned sf =
-        __byte_perm(raw[KV_NVFP4_KWORDS], 0u, (8 * w) / KV_NVFP4_BLOCK ? 0x3232 : 0x1010);
+    const unsigned sw = raw[KV_NVFP4_KWORDS];
+    const bool hs = (8 * w) / KV_NVFP4_BLOCK != 0;
 #endif
+    auto scaled = [sw, hs](unsigned a) {
+        return hs ? kv_hmul2_bcast<1>(a, sw) : kv_hmul2_bcast<0>(a, sw);
+    };
 #if KV_NVFP4_UNPACK
     // The word's four pairs at once (the compiler shares them between k-steps 2 w, 2 w + 1).
     unsigned h[4];
     kv_dc_e2m1x8_f16x2(x, h);
-    *h0 = kv_hmul2(h[2 * (ks & 1)], sf);
-    *h1 = kv_hmul2(h[2 * (ks & 1) + 1], sf);
+    *h0 = scaled(h[2 * (ks & 1)]);
+    *h1 = scaled(h[2 * (ks & 1) + 1]);
 #else
     if (ks & 1) {
-        *h0 = kv_hmul2(kv_nvfp4_pair_at<8>(x), sf);
-        *h1 = kv_hmul2(kv_nvfp4_pair_at<12>(x), sf);
+        *h0 = scaled(kv_nvfp4_pair_at<8>(x));
+        *h1 = scaled(kv_nvfp4_pair_at<12>(x));
     } else {
-        *h0 = kv_hmul2(kv_nvfp4_pair_at<0>(x), sf);
-        *h1 = kv_hmul2(kv_nvfp4_pair_at<4>(x), sf);
+        *h0 = scaled(kv_nvfp4_pair_at<0>(x));
+        *h1 = scaled(kv_nvfp4_pair_at<4>(x));
     }
 #endif
 }

@@ -168,6 +168,21 @@ __device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
     return d;
 }
 
+// a times half H (0: low, 1: high) of b in both halves. Written as the pack of that half
+// twice, which ptxas folds into the multiply's operand selector (HMUL2 ... R.H0_H0 / .H1_H1)
+// where a byte permute would be one more instruction.
+template <int H>
+__device__ __forceinline__ unsigned kv_hmul2_bcast(unsigned a, unsigned b) {
+    unsigned d;
+    if constexpr (H == 0)
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {l, l};\n\t"
+            "mul.rn.f16x2 %0, %1, t; }" : "=r"(d) : "r"(a), "r"(b));
+    else
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {h, h};\n\t"
+            "mul.rn.f16x2 %0, %1, t; }" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
 // NVFP4 elements 2j, 2j+1 (one code byte) times their E4M3 block scale, as fp16x2 of
 // value * 2^-8: e2m1 * 2^-14 times sf * 2^6 (sf * 2^6 <= 448 * 64 fits fp16; the product has
 // at most 6 significant bits and is a multiple of 2^-18, so the fp16 multiply is exact).
@@ -176,10 +191,14 @@ __device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsi
 }
 // The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * 2^6 and sf_hi * 2^6 (two scale
 // bytes); _f16x2: the same scale in both halves.
-__device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
-    const unsigned h = kv_dc_e4m3x2_f16x2(sf_lo | (sf_hi << 8));
+// _sfw: the two scale bytes as one 16-bit value (sf_lo in bits 0..7), as one load gives them.
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sfw_f16x2(unsigned two) {
+    const unsigned h = kv_dc_e4m3x2_f16x2(two);
     // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
     return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+}
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
+    return kv_dc_nvfp4_sfw_f16x2(sf_lo | (sf_hi << 8));
 }
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
     return kv_dc_nvfp4_sf2_f16x2(sf, sf);
