@@ -109,8 +109,8 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     // 16-byte aligned staging rows in every mode): one word, two conversions.
     static_assert(KV_NVFP4_KSW == 2, "four blocks per run");
     const unsigned w = *reinterpret_cast<const unsigned*>(sf);
-    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(w & 0xFFu, (w >> 8) & 0xFFu);
-    raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sf2_f16x2((w >> 16) & 0xFFu, w >> 24);
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sfw_f16x2(w);
+    raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sfw_f16x2(w >> 16);
 #elif KV_HEAD_DIM == 128
     // The run's two blocks: scale bytes 2 c, 2 c + 1, one 16-bit load (2-byte aligned).
     raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sfw_f16x2(*reinterpret_cast<const unsigned short*>(sf));
@@ -222,8 +222,8 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #endif
 #if KV_HEAD_DIM == 256
     // Dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
-    const int sh = 8 * (j >> 3);
-    const unsigned sf = kv_dc_nvfp4_sf2_f16x2((ra[4] >> sh) & 0xFFu, (rb[4] >> sh) & 0xFFu);
+    const int b = j >> 3;
+    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(__byte_perm(ra[4], rb[4], b | ((4 + b) << 4)));
 #else
     const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
 #endif

@@ -191,14 +191,16 @@ __device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsi
 }
 // The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * 2^6 and sf_hi * 2^6 (two scale
 // bytes); _f16x2: the same scale in both halves.
-// _sfw: the two scale bytes as one 16-bit value (sf_lo in bits 0..7), as one load gives them.
+// _sfw: the two scale bytes as bits 0..15 of `two` (sf_lo in bits 0..7; bits 16..31 are
+// ignored), as one 16-bit load or one byte permute gives them.
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sfw_f16x2(unsigned two) {
     const unsigned h = kv_dc_e4m3x2_f16x2(two);
     // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
     return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
 }
+// sf_lo, sf_hi: bytes in bits 0..7 (one byte permute joins them; a shift and an OR took two).
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
-    return kv_dc_nvfp4_sfw_f16x2(sf_lo | (sf_hi << 8));
+    return kv_dc_nvfp4_sfw_f16x2(__byte_perm(sf_lo, sf_hi, 0x0040));
 }
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
     return kv_dc_nvfp4_sf2_f16x2(sf, sf);

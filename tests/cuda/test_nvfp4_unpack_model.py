@@ -143,3 +143,16 @@ def test_value_pairs_take_dims_2j_and_2j_plus_1_of_both_tokens(head_dim):
                 lo, hi = _halves(out[2 * (j & 1) + h])
                 assert _same(lo, _spec([ta[dim]])), (j, h)
                 assert _same(hi, _spec([tb[dim]])), (j, h)
+
+
+def test_scale_byte_joins():
+    """kv_dc_nvfp4_sf2_f16x2 joins two scale bytes by byte_perm(lo, hi, 0x0040) and the
+    D = 256 value pairs take byte b of both tokens' scale words by byte_perm(ra, rb, b | (4 +
+    b) << 4): bits 0..15 must be lo | hi << 8 (kv_dc_nvfp4_sfw_f16x2 ignores the rest)."""
+    rng = np.random.default_rng(5)
+    for lo, hi in rng.integers(0, 256, size=(64, 2)):
+        assert prmt(int(lo), int(hi), 0x0040) & 0xFFFF == int(lo) | (int(hi) << 8)
+    for ra, rb in rng.integers(0, 1 << 32, size=(64, 2), dtype=np.uint64):
+        for b in range(4):
+            want = ((int(ra) >> (8 * b)) & 0xFF) | (((int(rb) >> (8 * b)) & 0xFF) << 8)
+            assert prmt(int(ra), int(rb), b | ((4 + b) << 4)) & 0xFFFF == want
