@@ -30,6 +30,20 @@
 #include "common/decode_codes.cuh"
 #include "common/vload.cuh"
 
+// E2M1 unpacking of the tensor-core register paths (kv_mma_kstep, kv_mma_vpair):
+//   1: a code word's eight nibbles as four fp16x2 words at once (kv_dc_e2m1x8_f16x2: 11
+//      instructions; V: one byte permute per four words of a token pair);
+//   0: pair by pair (kv_nvfp4_pair_at / kv_dc_e2m1_pair_f16x2: 4 per word; V: one byte
+//      permute per two words).
+// Same operand bits either way. 1 is the default: executed-path walk (scripts/sass_path.py,
+// sm_90, D = 128, G = 4) in benchmarks/NOTES.md "nvd"; -DKVKIT_DECODE_NVFP4_UNPACK=0
+// (env KVKIT_DECODE_NVFP4_UNPACK=0, kvkit/cuda/decode.py) builds the other for A/B runs.
+#if defined(KVKIT_DECODE_NVFP4_UNPACK)
+#define KV_NVFP4_UNPACK KVKIT_DECODE_NVFP4_UNPACK
+#else
+#define KV_NVFP4_UNPACK 1
+#endif
+
 // Elements d..d+3 (d % 4 == 0, so one block scale) of one staged token row (data rows are
 // 2-byte aligned in every staging mode: D / 2 is a multiple of 8).
 __device__ __forceinline__ float4 kv_nvfp4_row4(const unsigned char* data,
@@ -95,12 +109,14 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     // 16-byte aligned staging rows in every mode): one word, two conversions.
     static_assert(KV_NVFP4_KSW == 2, "four blocks per run");
     const unsigned w = *reinterpret_cast<const unsigned*>(sf);
-    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(w & 0xFFu, (w >> 8) & 0xFFu);
-    raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sf2_f16x2((w >> 16) & 0xFFu, w >> 24);
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sfw_f16x2(w);
+    raw[KV_NVFP4_KWORDS + 1] = kv_dc_nvfp4_sfw_f16x2(w >> 16);
+#elif KV_HEAD_DIM == 128
+    // The run's two blocks: scale bytes 2 c, 2 c + 1, one 16-bit load (2-byte aligned).
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sfw_f16x2(*reinterpret_cast<const unsigned short*>(sf));
 #else
     const unsigned s0 = sf[0];
-    const unsigned s1 = KV_NVFP4_KPL > KV_NVFP4_BLOCK ? sf[1] : s0;
-    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s1);
+    raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s0);
 #endif
 }
 // e2m1 codes at bits S.. and 16 + S.. of x -> fp16x2 of e2m1 * 2^-14 (kv_dc_e2m1_pair_f16x2
@@ -115,22 +131,34 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
                                              unsigned* h0, unsigned* h1) {
     const int w = ks >> 1;
     const unsigned x = raw[w];
-    // The word's block scale in both halves: block (8 w) / 16 of the run.
+    // The word's block scale in both halves: block (8 w) / 16 of the run, half hs of scale word
+    // sw (the multiplies take the half by their operand selector: no byte permute).
 #if KV_HEAD_DIM == 256
     // Four blocks, two scale words: block w / 2 is half (w / 2) % 2 of scale word w / 4.
-    const unsigned sf =
-        __byte_perm(raw[KV_NVFP4_KWORDS + (w >> 2)], 0u, (w & 2) ? 0x3232 : 0x1010);
+    const unsigned sw = raw[KV_NVFP4_KWORDS + (w >> 2)];
+    const bool hs = (w & 2) != 0;
 #else
-    const unsigned sf =
-        __byte_perm(raw[KV_NVFP4_KWORDS], 0u, (8 * w) / KV_NVFP4_BLOCK ? 0x3232 : 0x1010);
+    const unsigned sw = raw[KV_NVFP4_KWORDS];
+    const bool hs = (8 * w) / KV_NVFP4_BLOCK != 0;
 #endif
+    auto scaled = [sw, hs](unsigned a) {
+        return hs ? kv_hmul2_bcast<1>(a, sw) : kv_hmul2_bcast<0>(a, sw);
+    };
+#if KV_NVFP4_UNPACK
+    // The word's four pairs at once (the compiler shares them between k-steps 2 w, 2 w + 1).
+    unsigned h[4];
+    kv_dc_e2m1x8_f16x2(x, h);
+    *h0 = scaled(h[2 * (ks & 1)]);
+    *h1 = scaled(h[2 * (ks & 1) + 1]);
+#else
     if (ks & 1) {
-        *h0 = kv_hmul2(kv_nvfp4_pair_at<8>(x), sf);
-        *h1 = kv_hmul2(kv_nvfp4_pair_at<12>(x), sf);
+        *h0 = scaled(kv_nvfp4_pair_at<8>(x));
+        *h1 = scaled(kv_nvfp4_pair_at<12>(x));
     } else {
-        *h0 = kv_hmul2(kv_nvfp4_pair_at<0>(x), sf);
-        *h1 = kv_hmul2(kv_nvfp4_pair_at<4>(x), sf);
+        *h0 = scaled(kv_nvfp4_pair_at<0>(x));
+        *h1 = scaled(kv_nvfp4_pair_at<4>(x));
     }
+#endif
 }
 #endif
 // V elements d8..d8+7: 4 code bytes (4-byte aligned in the 16-byte aligned data rows), one
@@ -183,17 +211,31 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // kv_mma_v8 (value * 2^-8).
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
                                              unsigned* w0, unsigned* w1) {
+#if KV_NVFP4_UNPACK
+    // Code bytes 2 q, 2 q + 1 (q = (j / 2) % 2) of word j / 4 of both tokens: nibble k of e is
+    // token a's run dim 2 (j & ~1) + k (low half), nibble k + 4 token b's, so kv_dc_e2m1x8_f16x2
+    // gives the pairs of j and j + 1 (shared by the compiler).
+    const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], (j & 2) ? 0x7632 : 0x5410);
+#else
     const int o = j & 3;
     const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
+#endif
 #if KV_HEAD_DIM == 256
     // Dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
-    const int sh = 8 * (j >> 3);
-    const unsigned sf = kv_dc_nvfp4_sf2_f16x2((ra[4] >> sh) & 0xFFu, (rb[4] >> sh) & 0xFFu);
+    const int b = j >> 3;
+    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(__byte_perm(ra[4], rb[4], b | ((4 + b) << 4)));
 #else
     const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
 #endif
+#if KV_NVFP4_UNPACK
+    unsigned h[4];
+    kv_dc_e2m1x8_f16x2(e, h);
+    *w0 = kv_hmul2(h[2 * (j & 1)], sf);
+    *w1 = kv_hmul2(h[2 * (j & 1) + 1], sf);
+#else
     *w0 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e), sf);
     *w1 = kv_hmul2(kv_dc_e2m1_pair_f16x2(e >> 4), sf);
+#endif
 }
 #endif
 

@@ -22,3 +22,17 @@ extern "C" __global__ void kv_probe_e2m1x2_f16x2(
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = kv_dc_e2m1x2_f16x2(byte[i]);
 }
+
+// Eight E2M1 codes (one word) -> four fp16x2 words scaled by 2^-14 (kv_dc_e2m1x8_f16x2): out
+// word 4 i + k holds nibbles k and k + 4 of word[i].
+extern "C" __global__ void kv_probe_e2m1x8_f16x2(
+    const unsigned* __restrict__ word,  // (n,) uint32: eight codes, nibble 0 in bits 0..3
+    unsigned* __restrict__ out,         // (4 n,) uint32: fp16x2 bits
+    int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned h[4];
+        kv_dc_e2m1x8_f16x2(word[i], h);
+        reinterpret_cast<uint4*>(out)[i] = make_uint4(h[0], h[1], h[2], h[3]);
+    }
+}

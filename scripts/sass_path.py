@@ -1,8 +1,9 @@
 """Executed-path instruction count of a decode stage-1 tile loop, without a GPU.
 
-    python scripts/sass_path.py FORMAT --dump DIR            # build: DIR/FORMAT.sass (+ .src)
+    python scripts/sass_path.py FORMAT --dump DIR [--define N=V]  # build DIR/FORMAT.sass, .src
     python scripts/sass_path.py FORMAT --dir DIR --list      # the loop's branches, one a line
     python scripts/sass_path.py FORMAT --dir DIR --take 61f0:T,7af0:F,abb0:15 [--path]
+    python scripts/sass_path.py FORMAT --dir DIR --common warps23|warps01 [--list]
 
 scripts/sass_static.py counts every instruction of the tile loop, paths not taken included
 (copy fallbacks, masks, soft-cap, rescale); this script follows ONE path through it and counts
@@ -44,11 +45,15 @@ _INS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _LABEL = re.compile(r"^\s*(\.L_x_\d+):")
 
 
-def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str) -> None:
-    """DIR/NAME.sass (nvdisasm -gi of the stage-1 cubin) and DIR/NAME.src (the inlined entry)."""
+def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str,
+          extra: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """DIR/NAME.sass (nvdisasm -gi of the stage-1 cubin) and DIR/NAME.src (the inlined entry);
+    extra: NAME=VALUE defines on top of the format's (switches such as
+    KVKIT_DECODE_NVFP4_UNPACK=0)."""
     fmt = formats.get(name, head_dim)
     defines = dict(fmt.cuda_defines())
     defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len))
+    defines.update(d.split("=", 1) for d in extra)
     entry = _STAGE1[fmt.family][0]
     src = inline_source(entry)
     nvrtc = _nvrtc()
@@ -147,6 +152,49 @@ def walk(ins: list[dict], labels: dict[str, int], head: int, take: dict[int, int
     sys.exit("no back edge within 200000 instructions")
 
 
+# --common: the taken branches of the common path of a fast launch (the docstring's list) by the
+# source line of the branch; every other conditional branch falls through. Checked on NVFP4
+# (D = 32..256, G = 4..16; session 10): the predicate senses are the compiler's, so read --list
+# before trusting it for another format or core.
+COMMON_TAKEN = (
+    "at.row_off = row_off >= 0",  # the tile's row offset known (no division)
+    "at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1))",  # pages of <= TILE tokens
+    "if (sub)",  # slab planes by warp sub-runs
+    "const int idx = bt_sh >= 0",  # power-of-two pages: the ring's page index by a shift
+    "float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];",  # no soft-cap
+    "if (!full) {",  # a fully visible tile
+    "if (__any_sync(KV_FULL_MASK, rescale))",  # no rescale
+    "for (int i = 0; i < n_tiles; ++i)",  # the back edge
+)
+
+
+def common_take(ins, labels, head, src, ring: bool) -> dict[int, int | bool]:
+    """--take decisions for --common: COMMON_TAKEN, plus `threadIdx.x < kvd::TILE` taken
+    (skipping the page ring, warps 2-3) unless ring (warps 0-1)."""
+    take: dict[int, int | bool] = {}
+    met: dict[int, bool] = {}
+
+    def decide(i: dict, t: bool, tgt: int) -> None:
+        if i["addr"] in take:
+            return
+        line = src[i["chain"][0] - 1].strip() if i["chain"] else ""
+        if line.startswith("if (threadIdx.x < kvd::TILE)"):
+            met[i["addr"]] = not ring
+        else:
+            met[i["addr"]] = any(line.startswith(p) for p in COMMON_TAKEN)
+
+    for _ in range(100):
+        met.clear()
+        try:
+            walk(ins, labels, head, take, decide)
+        except SystemExit:  # a decision not made yet led to EXIT; the next round makes it
+            pass
+        if not met:
+            return take
+        take.update(met)
+    sys.exit("--common: the decisions did not settle")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("format")
@@ -156,23 +204,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--q-len", type=int, default=1)
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="with --dump: an extra -D define, repeatable",
+    )
     ap.add_argument("--head", help="loop head address (hex); default: before the first DEPBAR")
     ap.add_argument("--take", default="", help="ADDR:T|F|N,... branch decisions (hex addresses)")
+    ap.add_argument("--common", choices=("warps23", "warps01"),
+                    help="decide the branches by COMMON_TAKEN (warps01: with the page ring); "
+                         "--take entries override")  # fmt: skip
     ap.add_argument("--list", action="store_true", help="print each branch met on the way")
     ap.add_argument("--path", action="store_true", help="print every instruction walked")
     args = ap.parse_args(argv)
     if args.dump:
-        build(args.format, args.dump, args.head_dim, args.group, args.q_len, args.arch)
+        build(args.format, args.dump, args.head_dim, args.group, args.q_len, args.arch,
+              tuple(args.define))  # fmt: skip
         return 0
     if not args.dir:
         ap.error("--dir (or --dump) is required")
     ins, labels = parse(args.dir / f"{args.format}.sass")
     src = (args.dir / f"{args.format}.src").read_text().splitlines()
+    head = int(args.head, 16) if args.head else loop_head(ins)
     take: dict[int, int | bool] = {}
+    if args.common:
+        take = common_take(ins, labels, head, src, args.common == "warps01")
+        taken = ",".join(f"{a:05x}:T" for a, v in take.items() if v is True)
+        print(f"--common {args.common}: --take {taken}")
     for tok in filter(None, args.take.split(",")):
         a, v = tok.split(":")
         take[int(a, 16)] = True if v == "T" else False if v == "F" else int(v)
-    head = int(args.head, 16) if args.head else loop_head(ins)
 
     def text(ln: int) -> str:
         return src[ln - 1].strip()[:80] if ln else ""

@@ -1,7 +1,7 @@
 """Static SASS of decode stage-1 kernels, without a GPU: registers, spills, instruction mix.
 
     python scripts/sass_static.py nvfp4,turboquant_4bit_nc [--head-dim 128] [--group 4]
-        [--q-len 1] [--arch sm_90] [--dump DIR]
+        [--q-len 1] [--arch sm_90] [--dump DIR] [--define NAME=VALUE ...]
 
 Builds each format's stage-1 module as PTX with NVRTC (kvkit.cuda.compiler.compile_entry),
 assembles it with ``ptxas`` (CUDA 13: on PATH, or /usr/local/cuda/bin) and disassembles it
@@ -94,11 +94,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--q-len", type=int, default=1)
     ap.add_argument("--arch", default="sm_90")
     ap.add_argument("--dump", type=Path, default=None)
+    ap.add_argument(
+        "--define",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="an extra -D define (e.g. KVKIT_DECODE_NVFP4_UNPACK=0), repeatable",
+    )
     args = ap.parse_args(argv)
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
         defines = dict(fmt.cuda_defines())
         defines.update(KV_IN_DTYPE="1", KV_GROUP=str(args.group), KV_Q_LEN=str(args.q_len))
+        defines.update(d.split("=", 1) for d in args.define)
         res = compile_entry(_STAGE1[fmt.family][0], defines, args.arch, ptx_only=True)
         log, text = _sass(res.ptx, args.arch)
         regs = re.findall(r"Used (\d+) registers", log)

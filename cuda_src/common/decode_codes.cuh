@@ -129,9 +129,57 @@ __device__ __forceinline__ unsigned kv_dc_e2m1x2_f16x2(unsigned byte) {
     return kv_dc_e2m1_pair_f16x2((byte & 0xFu) | ((byte & 0xF0u) << 12));
 }
 
+// (a & M) | (b & ~M): one LOP3 with M as its immediate. Inline PTX, so that the compiler does
+// not fold a later mask into it (it would split the select back into two masked shifts).
+template <unsigned M>
+__device__ __forceinline__ unsigned kv_bitsel(unsigned a, unsigned b) {
+    unsigned r;
+    // LUT over (a, b, M) = (0xF0, 0xCC, 0xAA): (0xF0 & 0xAA) | (0xCC & 0x55) = 0xE4.
+    asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(a), "r"(b), "n"(M));
+    return r;
+}
+// The eight E2M1 codes (nibbles n0..n7, n0 in bits 0..3) of x -> four fp16x2 words, out[k] =
+// kv_dc_e2m1_pair_f16x2 of nibbles k (low half) and k + 4 (high half), each e2m1 * 2^-14.
+// kv_dc_e2m1_pair_f16x2 per word takes two shifts and two masks (the sign moves 12 bits, the
+// magnitude 9) and also needs the pair's nibbles moved to bits 0 and 16 first: ~4.5
+// instructions per word. Here one bit-select per four nibbles builds a word that holds each
+// of them as an fp16 high byte, sign at bit 7 and magnitude at bits 1..3 of a byte, so each
+// word is then one mask, or one shift and one mask (11 instructions for the four words):
+//   odd nibbles (sign bit 8 i + 7 stays, magnitude bits 8 i + 4.. move down 3):
+//     wo = sel(0x80808080: x, else x >> 3): byte i holds nibble 2 i + 1;
+//     out[3] = wo & 0x8E008E00 (bytes 1, 3), out[1] = (wo << 8) & 0x8E008E00 (bytes 0, 2);
+//   even nibbles (sign bit 8 i + 3 up 4, magnitude bits 8 i.. up 1):
+//     we = sel(0x80808080: x << 4, else x << 1): byte i holds nibble 2 i;
+//     out[2] = we & 0x8E008E00, out[0] = (we << 8) & 0x8E008E00.
+// Bits the final mask drops may hold anything. CPU model:
+// tests/cuda/test_nvfp4_unpack_model.py (every code in every position, against the spec).
+__device__ __forceinline__ void kv_dc_e2m1x8_f16x2(unsigned x, unsigned* out) {
+    const unsigned wo = kv_bitsel<0x80808080u>(x, x >> 3);
+    const unsigned we = kv_bitsel<0x80808080u>(x << 4, x << 1);
+    out[0] = (we << 8) & 0x8E008E00u;
+    out[1] = (wo << 8) & 0x8E008E00u;
+    out[2] = we & 0x8E008E00u;
+    out[3] = wo & 0x8E008E00u;
+}
+
 __device__ __forceinline__ unsigned kv_hmul2(unsigned a, unsigned b) {
     unsigned d;
     asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+    return d;
+}
+
+// a times half H (0: low, 1: high) of b in both halves. Written as the pack of that half
+// twice, which ptxas folds into the multiply's operand selector (HMUL2 ... R.H0_H0 / .H1_H1)
+// where a byte permute would be one more instruction.
+template <int H>
+__device__ __forceinline__ unsigned kv_hmul2_bcast(unsigned a, unsigned b) {
+    unsigned d;
+    if constexpr (H == 0)
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {l, l};\n\t"
+            "mul.rn.f16x2 %0, %1, t; }" : "=r"(d) : "r"(a), "r"(b));
+    else
+        asm("{ .reg .b16 l, h; .reg .b32 t; mov.b32 {l, h}, %2; mov.b32 t, {h, h};\n\t"
+            "mul.rn.f16x2 %0, %1, t; }" : "=r"(d) : "r"(a), "r"(b));
     return d;
 }
 
@@ -143,10 +191,16 @@ __device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsi
 }
 // The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * 2^6 and sf_hi * 2^6 (two scale
 // bytes); _f16x2: the same scale in both halves.
-__device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
-    const unsigned h = kv_dc_e4m3x2_f16x2(sf_lo | (sf_hi << 8));
+// _sfw: the two scale bytes as bits 0..15 of `two` (sf_lo in bits 0..7; bits 16..31 are
+// ignored), as one 16-bit load or one byte permute gives them.
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sfw_f16x2(unsigned two) {
+    const unsigned h = kv_dc_e4m3x2_f16x2(two);
     // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
     return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+}
+// sf_lo, sf_hi: bytes in bits 0..7 (one byte permute joins them; a shift and an OR took two).
+__device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {
+    return kv_dc_nvfp4_sfw_f16x2(__byte_perm(sf_lo, sf_hi, 0x0040));
 }
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sf_f16x2(unsigned sf) {
     return kv_dc_nvfp4_sf2_f16x2(sf, sf);

@@ -74,7 +74,8 @@
 //                     kv_mma_vload(rows, g, raw) loads one token's dims VPL g .. VPL g +
 //                     VPL - 1 (VPL = D / 8) into KV_MMA_VRAW words, and
 //                     kv_mma_vpair(raw_a, raw_b, j, &w0, &w1) returns dims VPL g + 2 j (w0)
-//                     and + 1 (w1) of tokens a (low half) and b (high half)
+//                     and + 1 (w1) of tokens a (low half) and b (high half); with KV_MMA_VCODES 0,
+//                     all-zero raw words (an invalid token's, masked) must give +0 operands
 //   KV_MMA_BF16       1: bf16 keys and values, read from the staged rows (K_DIRECT and
 //                     V_DIRECT): scores and PV on bf16 mma, the query rows and P split in
 //                     three bf16 parts each (hi + mid + lo: 24 bits, so every product is
@@ -817,13 +818,20 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 kv_mma_vload(rv, g, vraw[k]);
             }
 #if !KV_MMA_VCODES
-            // Values may be NaN in invalid tokens' rows (codes never are): mask when the warp
-            // has any (a fast-path tile has none).
-            unsigned vm[2];
-            bool v_mask = false;
+            // Values may be NaN in invalid tokens' rows (codes never are), which an mma would
+            // spread: off the fast path, an invalid token's raw words become 0, which unpack to
+            // +0 operands (the V_REGS contract above), as masking the operands gave. (Operand
+            // masks under a warp-uniform flag were predicated instructions, 4 per m-tile, that
+            // every tile issued; these are 4 KV_MMA_VRAW moves behind the tile's !full branch.)
             if (!full) {
-                kv_v_token_masks(tw0, c, n_tile, tp, vm);
-                v_mask = __any_sync(KV_FULL_MASK, (vm[0] & vm[1]) != 0xFFFFFFFFu);
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int t = tw0 + 2 * c + (k & 1) + 8 * (k >> 1);
+                    if (!(t < n_tile && tp[t] >= 0)) {
+#pragma unroll
+                        for (int i = 0; i < KV_MMA_VRAW; ++i) vraw[k][i] = 0u;
+                    }
+                }
             }
 #endif
 #pragma unroll
@@ -831,9 +839,6 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 unsigned av[4];
                 kv_mma_vpair(vraw[0], vraw[1], mi, &av[0], &av[1]);
                 kv_mma_vpair(vraw[2], vraw[3], mi, &av[2], &av[3]);
-#if !KV_MMA_VCODES
-                if (v_mask) kv_mask_v_operand(av, vm);
-#endif
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
             }
 #else

@@ -23,8 +23,10 @@ head_dim 256 (every format; ``cuda_src/common/decode_mma.cuh``), on the CUDA cor
 the staging budget per CTA, for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
 the tensor-core stage 1 through the masked softmax, which fully visible tiles skip: tests
 compare the two bit for bit; ``KVKIT_DECODE_BULK_RUNS=0`` copies the bulk row planes of fp16 /
-bf16 per thread instead of one warp per 16-token page run, for A/B runs). With one split and
-no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
+bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NVFP4_UNPACK=0`` /
+``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1, pair by pair / eight codes at
+once (the default), same bits: both for A/B runs). With one split and no sinks stage 1 writes
+o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
 split axis is that count. Global scales fold into the softmax
@@ -232,12 +234,15 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
     mask_all = os.environ.get("KVKIT_DECODE_MASK_ALL", "") == "1"
     no_runs = os.environ.get("KVKIT_DECODE_BULK_RUNS", "") == "0"
+    nvfp4_unpack = os.environ.get("KVKIT_DECODE_NVFP4_UNPACK", "")
+    if nvfp4_unpack not in ("", "0", "1"):
+        raise ValueError(f"KVKIT_DECODE_NVFP4_UNPACK={nvfp4_unpack!r}: want 0 or 1")
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs,
+        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -256,6 +261,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if no_runs:
         # Bulk row planes copied per thread instead of per warp run (A/B measurements).
         defines["KVD_BULK_WARP_RUNS_ON"] = "0"
+    if nvfp4_unpack and fmt.family == "nvfp4":
+        # NVFP4's tensor-core E2M1 unpacking (decode_nvfp4.cu KV_NVFP4_UNPACK; A/B runs).
+        defines["KVKIT_DECODE_NVFP4_UNPACK"] = nvfp4_unpack
     func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
     return func, smem, threads, tile

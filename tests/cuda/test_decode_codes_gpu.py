@@ -62,3 +62,32 @@ def test_e2m1_bytes_to_f16x2_every_byte():
         value = code.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
         want = (value * 2.0**-14).astype(np.float16)
         assert np.array_equal(got.view(np.uint16), want.view(np.uint16))
+
+
+def test_e2m1_words_to_four_f16x2_every_pair_in_every_position():
+    """kv_dc_e2m1x8_f16x2: word k of the four holds nibbles k (low half) and k + 4 (high);
+    every code pair in every position, the other nibbles random (they must not matter)."""
+    import cupy as cp
+
+    from kvkit.cuda.compiler import get_kernel
+
+    rng = np.random.default_rng(0)
+    pair = np.arange(256, dtype=np.uint32)
+    words = []
+    for k in range(4):
+        other = rng.integers(0, 1 << 32, size=(8, 256), dtype=np.uint64).astype(np.uint32)
+        keep = np.uint32(~((0xF << (4 * k)) | (0xF << (4 * k + 16))) & 0xFFFFFFFF)
+        nib = ((pair & 0xF) << (4 * k)) | ((pair >> 4) << (4 * k + 16))
+        words.append(((other & keep) | nib).ravel())
+    x = np.concatenate(words + [np.array([0, 0xFFFFFFFF], np.uint32)])
+    func = get_kernel("probe_codes.cu", "kv_probe_e2m1x8_f16x2", {})
+    xd = cp.asarray(x)
+    out = cp.full(4 * x.size, 0xDEADBEEF, dtype=cp.uint32)
+    func(((x.size + 255) // 256,), (256,), (xd, out, np.int32(x.size)))
+    out = cp.asnumpy(out).reshape(-1, 4)
+    for k in range(4):
+        lo, hi = _halves(out[:, k])
+        for got, code in ((lo, (x >> (4 * k)) & 0xF), (hi, (x >> (4 * k + 16)) & 0xF)):
+            value = code.astype(np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+            want = (value * 2.0**-14).astype(np.float16)
+            assert np.array_equal(got.view(np.uint16), want.view(np.uint16)), k

@@ -484,6 +484,53 @@ def test_visible_tile_fast_path_matches_the_masked_path(
         assert lse_error(lse_fast, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("head_dim, group, q_len, window", [
+    (128, 4, 1, None), (128, 4, 1, 100), (128, 8, 2, None), (128, 16, 1, None),
+    (64, 4, 1, None), (32, 2, 4, None), (256, 4, 1, None), (256, 2, 4, 70),
+])  # fmt: skip
+def test_nvfp4_unpack_paths_agree_bit_for_bit(cp, head_dim, group, q_len, window, monkeypatch):
+    """decode_nvfp4.cu KV_NVFP4_UNPACK: eight codes per word at once (1, the default) or pair
+    by pair (0, KVKIT_DECODE_NVFP4_UNPACK=0) build the same fp16 operands in the same mma
+    positions, so the results are the same bits. Ragged lengths and a window give partial and
+    masked tiles next to fully visible ones."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[300, 129, 64, 5], window=window,
+                seed=head_dim + 10 * group + q_len)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_NVFP4_UNPACK", raising=False)
+        o1, lse1 = case.run(num_splits)
+        monkeypatch.setenv("KVKIT_DECODE_NVFP4_UNPACK", "0")
+        o0, lse0 = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(lse1, lse0)
+        assert rel_error(o1, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse1, ref_lse) <= DECODE_GPU_RTOL
+
+
+@pytest.mark.parametrize("name, head_dim", [("nvfp4", 128), ("nvfp4", 64), ("nvfp4", 256),
+                                            ("fp8_e4m3", 128)])  # fmt: skip
+def test_nan_bytes_past_the_sequence_end_are_masked(cp, name, head_dim):
+    """A sequence's last page holds slots past its length; the tile copy stages them, and the
+    tensor-core core must not let their values reach o (decode_mma.cuh zeroes an invalid
+    token's raw V words, KV_MMA_V_REGS). Poison those slots with NaN bytes (E4M3 0x7F: the
+    NVFP4 block scales, fp8 values) in K and V."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[300, 129, 70, 5], seed=head_dim + 3)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    planes = ("k_scale", "v_scale") if name == "nvfp4" else ("k", "v")
+    for b, n in enumerate(case.seq_lens):
+        page = case.block_tables[b, (int(n) - 1) // 16]
+        for pname in planes:
+            case.gpu.planes[pname][page, :, int(n) % 16 or 16 :, :] = 0x7F
+    for num_splits in (1, 3):
+        o, lse = case.run(num_splits)
+        assert case.flag() == 0
+        assert rel_error(o, ref_o) <= DECODE_GPU_RTOL, num_splits
+        assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL, num_splits
+
+
 # --- index safety ------------------------------------------------------------------------------
 
 
