@@ -77,12 +77,17 @@ def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str
 
 def parse(sass: Path) -> tuple[list[dict], dict[str, int]]:
     """Instructions (addr, pred, body, op, chain of source lines, innermost first), labels."""
+    return parse_text(sass.read_text())
+
+
+def parse_text(text: str) -> tuple[list[dict], dict[str, int]]:
+    """parse() of `nvdisasm -gi` text (also scripts/sass_write_tq.py's parser)."""
     ins: list[dict] = []
     labels: dict[str, int] = {}
     chain: list[int] = []
     pending: list[int] = []
     label = None
-    for line in sass.read_text().splitlines():
+    for line in text.splitlines():
         m = _LINE.match(line)
         if m:
             pending.append(int(m.group(1)))
@@ -99,9 +104,9 @@ def parse(sass: Path) -> tuple[list[dict], dict[str, int]]:
         addr = int(m.group(1), 16)
         if label:
             labels[label], label = addr, None
-        text = m.group(2).strip()
-        pm = re.match(r"^(@!?U?P\w+)\s+(.*)$", text)
-        pred, body = (pm.group(1), pm.group(2)) if pm else (None, text)
+        body_text = m.group(2).strip()
+        pm = re.match(r"^(@!?U?P\w+)\s+(.*)$", body_text)
+        pred, body = (pm.group(1), pm.group(2)) if pm else (None, body_text)
         ins.append(dict(addr=addr, pred=pred, body=body, op=body.split()[0], chain=list(chain)))
     return ins, labels
 

@@ -22,15 +22,16 @@ import collections
 import os
 import re
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
 from kvkit import formats
 from kvkit.cuda.compiler import _nvrtc, _options, inline_source
 
-_FILE = re.compile(r'\s*//## File ".*?", line (\d+)')
-_INS = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_LABEL = re.compile(r"^\s*(\.L_x_\d+):")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sass_path import parse_text  # noqa: E402
+
 _SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP", "VOTE")
 
 #: (source-line regex, predicate-setter regex, "predicate branch" regex, taken?)
@@ -121,34 +122,9 @@ def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str
 
 
 def parse(text: str) -> tuple[list[dict], dict[str, int]]:
-    """Instructions (addr, pred, body, op, chain: source lines innermost first), labels."""
-    ins: list[dict] = []
-    labels: dict[str, int] = {}
-    chain: list[int] = []
-    pending: list[int] = []
-    label = None
-    for line in text.splitlines():
-        m = _FILE.match(line)
-        if m:
-            pending.append(int(m.group(1)))
-            continue
-        m = _LABEL.match(line)
-        if m:
-            label = m.group(1)
-            continue
-        m = _INS.match(line)
-        if not m:
-            continue
-        if pending:
-            chain, pending = pending, []
-        addr = int(m.group(1), 16)
-        if label:
-            labels[label], label = addr, None
-        t = m.group(2).strip()
-        pm = re.match(r"^(@!?U?P\w+)\s+(.*)$", t)
-        pred, body = (pm.group(1), pm.group(2)) if pm else (None, t)
-        ins.append(dict(addr=addr, pred=pred, body=body, op=body.split()[0], chain=chain))
-    return ins, labels
+    """Instructions (addr, pred, body, op, chain: source lines innermost first), labels:
+    scripts/sass_path.py's parser."""
+    return parse_text(text)
 
 
 def walk(ins, labels, src, show=False, branches=False):
