@@ -55,6 +55,15 @@ def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str
     defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len))
     defines.update(d.split("=", 1) for d in extra)
     entry = _STAGE1[fmt.family][0]
+    dis, src, _ = sass_with_lines(entry, defines, arch)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.src").write_text(src)
+    (out / f"{name}.sass").write_text(dis)
+
+
+def sass_with_lines(entry: str, defines: dict, arch: str) -> tuple[str, str, str]:
+    """(nvdisasm -gi text, inlined source, ptxas -v log) of cuda_src/ENTRY built with the
+    launcher's options plus -lineinfo (NVRTC PTX, then ptxas and nvdisasm from PATH)."""
     src = inline_source(entry)
     nvrtc = _nvrtc()
     prog = nvrtc.createProgram(src, entry, [], [])
@@ -64,15 +73,14 @@ def build(name: str, out: Path, head_dim: int, group: int, q_len: int, arch: str
     finally:
         nvrtc.destroyProgram(prog)
     ptx = (ptx.decode() if isinstance(ptx, bytes) else ptx).rstrip("\0")
-    out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.src").write_text(src)
     with tempfile.TemporaryDirectory() as tmp:
         p, c = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
         p.write_text(ptx)
-        subprocess.run(["ptxas", f"-arch={arch}", "-lineinfo", str(p), "-o", str(c)], check=True)
+        asm = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-lineinfo", str(p), "-o", str(c)],
+                             check=True, capture_output=True, text=True)  # fmt: skip
         dis = subprocess.run(["nvdisasm", "-gi", "-c", str(c)], capture_output=True, text=True,
                              check=True)  # fmt: skip
-    (out / f"{name}.sass").write_text(dis.stdout)
+    return dis.stdout, src, asm.stderr
 
 
 def parse(sass: Path) -> tuple[list[dict], dict[str, int]]:

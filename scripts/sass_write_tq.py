@@ -21,16 +21,13 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from kvkit import formats
-from kvkit.cuda.compiler import _nvrtc, _options, inline_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_path import parse_text  # noqa: E402
+from sass_path import parse_text, sass_with_lines  # noqa: E402
 
 _SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP", "VOTE")
 
@@ -101,24 +98,7 @@ def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str
             del os.environ["KVKIT_WRITE_TQ_VARIANT"]
         else:
             os.environ["KVKIT_WRITE_TQ_VARIANT"] = old
-    entry = "write_turboquant.cu"
-    src = inline_source(entry)
-    nvrtc = _nvrtc()
-    prog = nvrtc.createProgram(src, entry, [], [])
-    try:
-        nvrtc.compileProgram(prog, [*_options(entry, defines, arch, True, False), "-lineinfo"])
-        ptx = nvrtc.getPTX(prog)
-    finally:
-        nvrtc.destroyProgram(prog)
-    ptx = (ptx.decode() if isinstance(ptx, bytes) else ptx).rstrip("\0")
-    with tempfile.TemporaryDirectory() as tmp:
-        p, c = Path(tmp, "k.ptx"), Path(tmp, "k.cubin")
-        p.write_text(ptx)
-        asm = subprocess.run(["ptxas", f"-arch={arch}", "-v", "-lineinfo", str(p), "-o", str(c)],
-                             check=True, capture_output=True, text=True)  # fmt: skip
-        dis = subprocess.run(["nvdisasm", "-gi", "-c", str(c)], capture_output=True, text=True,
-                             check=True)  # fmt: skip
-    return dis.stdout, src, asm.stderr
+    return sass_with_lines("write_turboquant.cu", defines, arch)
 
 
 def parse(text: str) -> tuple[list[dict], dict[str, int]]:
