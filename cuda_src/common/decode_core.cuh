@@ -855,14 +855,13 @@ struct KvTilePipe {
             constexpr int SO1 = kvd::TILE * kvd::WP0;
             constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
             constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            const unsigned d = sa;
-            kv_bulk_run<KV_P0_BYTES, kvd::WP0>(d, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh, pg,
+            kv_bulk_run<KV_P0_BYTES, kvd::WP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh, pg,
                                                off, t16, cnt, bar);
-            kv_bulk_run<KV_P1_BYTES, kvd::WP1>(d + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, kvh,
+            kv_bulk_run<KV_P1_BYTES, kvd::WP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
-            kv_bulk_run<KV_P2_BYTES, kvd::WP2>(d + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, kvh,
+            kv_bulk_run<KV_P2_BYTES, kvd::WP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
-            kv_bulk_run<KV_P3_BYTES, kvd::WP3>(d + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, kvh,
+            kv_bulk_run<KV_P3_BYTES, kvd::WP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
         }
     }
