@@ -334,7 +334,7 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
     (void)tp;
     (void)vt_s;
     (void)warp;
-    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * pipe.rs[1] + 2 * lcol);
+    return kv_smem_addr(s + kvd::SO1 + (tw0 + lrow) * pipe.rs[1] + 2 * lcol);
 #else
     unsigned short* vt = vt_s + warp * 16 * kvm::VSTR;
     constexpr int C8 = kvm::D / 8;
