@@ -49,13 +49,20 @@
 //     two, every bank twice: 2 wavefronts. The region is the padded rows' size (16 x 80).
 //   Scales as before (unpadded 8-byte rows, byte loads).
 // Not at other head dims (D = 64: 32-byte rows need a gap per 2 rows; D = 256: 16-byte value
-// loads), not on sm_80 / sm_86 / sm_89 (no copy engine), not for the CUDA-core core.
+// loads), not on sm_80 / sm_86 / sm_89 (no copy engine), not for the CUDA-core core (G * q_len
+// > 16), not for two row tiles (below).
+// 1 is the default: executed-path walk (scripts/sass_path.py, sm_90, D = 128, G = 4, warps
+// 2-3 / 0-1) 604 / 649 -> 577 / 625 warp instructions per warp-tile, the tile start 162 ->
+// 142 (benchmarks/NOTES.md "nvstart"); -DKVKIT_DECODE_NVFP4_BULK=0 builds the cp.async path.
 #if defined(KVKIT_DECODE_NVFP4_BULK)
 #define KV_NVFP4_BULK KVKIT_DECODE_NVFP4_BULK
 #else
-#define KV_NVFP4_BULK 0
+#define KV_NVFP4_BULK 1
 #endif
-#if KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 128
+// One row tile only (G * q_len <= 8): at G = 16 (two row tiles, 255 registers) the walk rose
+// 735 -> 743 (the start fell by 6, the score and PV phases grew by 14).
+#if KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 128 && defined(KV_GROUP) && \
+    defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= 8
 static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
               "the bank arithmetic above is for 64-byte code rows");
 #define KV_BULK_COPIES 1

@@ -178,7 +178,7 @@ COMMON_TAKEN = (
     "at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1))",  # pages of <= TILE tokens
     "if (sub)",  # slab planes by warp sub-runs
     "if (slabs) {",  # bulk builds with warp slabs (decode_core.cuh issue_bulk_slabs)
-    "if (bt_sh >= 0)",  # issue_bulk_slabs: power-of-two pages
+    "if (block_size <= kvd::TILE)",  # issue_bulk_slabs: pages of <= TILE tokens
     "const int idx = bt_sh >= 0",  # power-of-two pages: the ring's page index by a shift
     "float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];",  # no soft-cap
     "if (!full) {",  # a fully visible tile

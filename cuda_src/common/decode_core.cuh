@@ -383,6 +383,15 @@ __device__ __forceinline__ void kv_mbar_arrive_tx(unsigned bar, unsigned bytes) 
 // valid barrier is undefined). On sm_90 this is SYNCS.CCTL.IV, an invalidation in the
 // synchronization unit that keeps barrier state, i.e. real state that a CTA handing its
 // shared memory back to the next CTA or kernel must not leave behind.
+// The same arrival once per warp: every lane of a converged warp executes this with the same
+// operands and the elected lane arrives (barriers initialised with one arrival per warp).
+__device__ __forceinline__ void kv_mbar_arrive_tx_warp(unsigned bar, unsigned bytes) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+        "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t}" ::"r"(bar),
+        "r"(bytes)
+        : "memory");
+}
 __device__ __forceinline__ void kv_mbar_inval(unsigned bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
@@ -726,15 +735,34 @@ __device__ __forceinline__ void kv_bulk_run(unsigned sa, const unsigned char* ba
 // Every argument is warp-uniform, so the copies issue from uniform registers
 // (kv_bulk_copy_warp). Sizes and ends are multiples of 16: the slab bit's 16-byte aligned
 // (page, head) slabs, off a multiple of 16, W % 4 == 0 where GP > 0 (row planes: W % 16 == 0).
-template <int W, int WP, int GP>
-__device__ __forceinline__ void kv_bulk_slab(unsigned sa, const unsigned char* base, long long sb,
-                                             long long sh, long long st, int elem, int kvh,
-                                             int page, int off, int t16, unsigned bar) {
+// Page 0's address of the (head kvh, in-page token off) slab of a plane (KvTilePipe::sbase).
+template <int W>
+__device__ __forceinline__ unsigned long long kv_slab_base(const unsigned char* base, long long sh,
+                                                           long long st, int elem, int kvh,
+                                                           int off) {
+    if constexpr (W == 0) {
+        return 0ull;
+    } else {
+        return reinterpret_cast<unsigned long long>(kv_row_src<true>(base, 0, sh, st, elem, kvh,
+                                                                     0, off, 0));
+    }
+}
+template <bool OFFV, int W, int WP, int GP>
+__device__ __forceinline__ void kv_bulk_slab(unsigned sa, unsigned long long sbase, long long sb,
+                                             long long st, int elem, int page, int offv,
+                                             int t16, unsigned bar) {
     if constexpr (W > 0) {
         // Slab planes (W % 16 != 0) are staged unpadded in fast launches (rs = W); row planes
         // must be unpadded rows here (KV_Pi_SROW = width).
         static_assert(W % 16 != 0 || WP == W, "warp slabs need unpadded staging rows");
-        const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh, page, off, 0);
+        // The page's product by its own mad.wide with sbase (+ the tile's offset in pages
+        // larger than a tile) as the addend (kv_row_src: offsets fit 32 bits).
+        unsigned long long a;
+        asm("mad.wide.u32 %0, %1, %2, %3;"
+            : "=l"(a)
+            : "r"((unsigned)page), "r"((unsigned)sb * (unsigned)elem),
+              "l"(OFFV ? sbase + (unsigned)offv * ((unsigned)st * (unsigned)elem) : sbase));
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(a);
         const unsigned dst = sa + (unsigned)kvd::srow(W, GP, t16);
         if constexpr (GP == 0) {
             kv_bulk_copy_warp(dst, src, 16 * W, bar);
@@ -776,8 +804,13 @@ struct KvTilePipe {
     bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast);
                    // on sm_90+ such launches copy by the copy engine (bulk)
 #if KVD_BULK_WARP_SLABS
-    bool slabs;    // fast, every plane a slab (kv_plane_slabs) and pages of whole 16-token
-                   // runs: each warp copies its 16 tokens' slabs (issue_bulk_slabs)
+    bool slabs;    // fast, every plane a slab (kv_plane_slabs) and power-of-two pages of
+                   // >= 16 tokens: each warp copies its 16 tokens' slabs (issue_bulk_slabs)
+    // Per plane, the source address of this warp's 16 tokens in page 0 (the head's slab plus
+    // the in-page token offset when pages hold whole tiles' parts): worked out once
+    // (prepare_slabs), as the copy engine's uniform operands would otherwise be rebuilt from
+    // the kernel parameters every tile (~11 uniform instructions per plane).
+    unsigned long long sbase[4];
 #endif
 #if KVD_BULK
     unsigned bar_sa;  // shared-window address of stage 0's mbarrier
@@ -878,6 +911,20 @@ struct KvTilePipe {
                                                          at, tp, t0, n, bs);
     }
 #if KVD_BULK_WARP_SLABS
+    // sbase (after kv_make_pipe, before the first issue); 0 unless slabs.
+    __device__ __forceinline__ void prepare_slabs(KV_PLANE_PARAM_DECL) {
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+        const int off = block_size <= kvd::TILE ? (t16 & (block_size - 1)) : t16;
+        sbase[0] = sbase[1] = sbase[2] = sbase[3] = 0;
+        if (slabs) {
+            sbase[0] = kv_slab_base<KV_P0_BYTES>(p0, p0_sh, p0_st, KV_P0_ELEM, kvh, off);
+            sbase[1] = kv_slab_base<KV_P1_BYTES>(p1, p1_sh, p1_st, KV_P1_ELEM, kvh, off);
+            sbase[2] = kv_slab_base<KV_P2_BYTES>(p2, p2_sh, p2_st, KV_P2_ELEM, kvh, off);
+            sbase[3] = kv_slab_base<KV_P3_BYTES>(p3, p3_sh, p3_st, KV_P3_ELEM, kvh, off);
+        }
+        (void)p0_sb, (void)p1_sb, (void)p2_sb, (void)p3_sb;
+        (void)p0_vec, (void)p1_vec, (void)p2_vec, (void)p3_vec;
+    }
     // Tile j's copies when slabs: warp w copies tokens 16 w .. 16 w + 15, which lie in one page
     // (pages of a multiple of 16 tokens, tiles start on a page start: splits and window starts
     // are page-aligned), whole: past the sequence end the page's slots are copied too (they
@@ -902,29 +949,33 @@ struct KvTilePipe {
         (void)bs;
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
         const int pg = __shfl_sync(0xffffffffu, t16 < n ? tp[t16] : -1, 0);
-        const int bsz = block_size;
-        int off;
-        if (bt_sh >= 0)
-            off = bsz <= kvd::TILE ? (t16 & (bsz - 1)) : (t0 & (bsz - 1)) + t16;
-        else
-            off = (t0 + t16) % bsz;
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
-        kv_mbar_arrive_tx(bar, (threadIdx.x & (KV_WARP - 1)) == 0 && pg >= 0 ? 16u * TW : 0u);
+        kv_mbar_arrive_tx_warp(bar, pg >= 0 ? 16u * TW : 0u);
         if (pg >= 0) {
             // The stage was last read through the generic proxy (before this tile's barrier);
             // the copy engine writes through the async one.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            kv_bulk_slab<KV_P0_BYTES, kvd::WP0, kvd::GP0>(sa, p0, p0_sb, p0_sh, p0_st,
-                                                          KV_P0_ELEM, this->kvh, pg, off, t16, bar);
-            kv_bulk_slab<KV_P1_BYTES, kvd::WP1, kvd::GP1>(sa + kvd::SO1, p1, p1_sb, p1_sh,
-                                                          p1_st, KV_P1_ELEM, this->kvh, pg, off, t16,
-                                                          bar);
-            kv_bulk_slab<KV_P2_BYTES, kvd::WP2, kvd::GP2>(sa + kvd::SO2, p2, p2_sb, p2_sh,
-                                                          p2_st, KV_P2_ELEM, this->kvh, pg, off, t16,
-                                                          bar);
-            kv_bulk_slab<KV_P3_BYTES, kvd::WP3, kvd::GP3>(sa + kvd::SO3, p3, p3_sb, p3_sh,
-                                                          p3_st, KV_P3_ELEM, this->kvh, pg, off, t16,
-                                                          bar);
+            // Pages of <= TILE tokens (the common case): sbase holds the in-page offset; the
+            // others add the tile's offset in its page (a second copy of the code, so the
+            // common one has no offset arithmetic per plane).
+            if (block_size <= kvd::TILE)
+                slab_copies<false>(sa, pg, 0, t16, bar, KV_PLANE_PARAMS);
+            else
+                slab_copies<true>(sa, pg, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
+        }
+    }
+    template <bool OFFV>
+    __device__ __forceinline__ void slab_copies(unsigned sa, int pg, int offv, int t16,
+                                                unsigned bar, KV_PLANE_PARAM_DECL) const {
+        {
+            kv_bulk_slab<OFFV, KV_P0_BYTES, kvd::WP0, kvd::GP0>(sa, sbase[0], p0_sb, p0_st,
+                KV_P0_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P1_BYTES, kvd::WP1, kvd::GP1>(sa + kvd::SO1, sbase[1], p1_sb, p1_st,
+                KV_P1_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P2_BYTES, kvd::WP2, kvd::GP2>(sa + kvd::SO2, sbase[2], p2_sb, p2_st,
+                KV_P2_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P3_BYTES, kvd::WP3, kvd::GP3>(sa + kvd::SO3, sbase[3], p3_sb, p3_st,
+                KV_P3_ELEM, pg, offv, t16, bar);
         }
     }
 #endif
@@ -1150,7 +1201,7 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
               kv_plane_fast<KV_P2_BYTES>(pp.md[2], p2_vec) &&
               kv_plane_fast<KV_P3_BYTES>(pp.md[3], p3_vec);
 #if KVD_BULK_WARP_SLABS
-    pp.slabs = pp.fast && (block_size & 15) == 0 && kv_plane_slabs<KV_P0_BYTES>(p0_vec) &&
+    pp.slabs = pp.fast && (block_size & 15) == 0 && (block_size & (block_size - 1)) == 0 && kv_plane_slabs<KV_P0_BYTES>(p0_vec) &&
                kv_plane_slabs<KV_P1_BYTES>(p1_vec) && kv_plane_slabs<KV_P2_BYTES>(p2_vec) &&
                kv_plane_slabs<KV_P3_BYTES>(p3_vec);
 #endif
@@ -1210,7 +1261,13 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     // tiles make them, so every barrier made is also invalidated (retire_bulk: a CTA without
     // tiles would otherwise leave valid barriers behind in the shared memory it hands back).
     if (pp.fast && pp.n_tiles > 0 && threadIdx.x == 0) {
-        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
+        // Warp slabs: one arrival per warp (kv_mbar_arrive_tx_warp); else one per thread.
+#if KVD_BULK_WARP_SLABS
+        const unsigned arrivals = pp.slabs ? kvd::NW : kvd::THREADS;
+#else
+        const unsigned arrivals = kvd::THREADS;
+#endif
+        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
 #endif
