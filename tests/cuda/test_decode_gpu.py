@@ -510,7 +510,8 @@ def test_nvfp4_unpack_paths_agree_bit_for_bit(cp, head_dim, group, q_len, window
 
 
 @pytest.mark.parametrize("block_size", [16, 32, 128])
-@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (8, 2, 90), (16, 1, None)])
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90), (8, 1, None),
+                                                   (16, 1, None)])  # fmt: skip
 def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_len, window,
                                                       monkeypatch):  # fmt: skip
     """On sm_90+ NVFP4 at D = 128 copies its tiles by the copy engine, one warp per 16-token
@@ -518,9 +519,9 @@ def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_l
     row's gap per 4 rows); KVKIT_DECODE_NVFP4_BULK=0 copies 16-byte cp.async pieces as before.
     The valid tokens' staged bytes are the same and invalid ones only reach masked arithmetic,
     so the results are identical bit for bit: ragged lengths (runs cut by the sequence end,
-    warps past it copying nothing), a window, pages below, at and above the 64-token tile (the
-    tile's offset in its page), G * q_len = 16 (two row tiles: cp.async under both settings).
-    On GPUs without bulk copies both builds are the cp.async path."""
+    warps past it copying nothing), a window with causal q_len 2, pages below, at and above the
+    64-token tile (the tile's offset in its page), G * q_len = 16 (two row tiles: cp.async
+    under both settings). On GPUs without bulk copies both builds are the cp.async path."""
     case = Case("nvfp4", head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 3], window=window,
                 seed=block_size + group)  # fmt: skip
