@@ -30,6 +30,48 @@
 #include "common/decode_codes.cuh"
 #include "common/vload.cuh"
 
+// Tile copies on sm_90+ (KV_NVFP4_BULK; env KVKIT_DECODE_NVFP4_BULK, kvkit/cuda/decode.py):
+//   1: every plane by the copy engine, per warp and 16-token page run (decode_core.cuh
+//      KV_BULK_WARP_SLABS): one copy of the key codes, four of the value codes, one per scale
+//      plane, from warp-uniform addresses;
+//   0: 16-byte cp.async pieces per thread into padded rows (the sm_80 path everywhere).
+// The staging layout under 1 is chosen for the tensor-core reads at D = 128 (lane (g, c) =
+// (lane / 4, lane % 4)), 4-byte banks:
+//   keys, 16-byte loads (kv_mma_kload) of tokens g (and g + 8) at byte 16 c of unpadded
+//     64-byte rows: a warp reads 8 whole rows = 512 contiguous bytes, 4 wavefronts (the
+//     least); each quarter-warp (tokens 2q, 2q + 1) 128 contiguous bytes;
+//   values, 8-byte loads (kv_mma_vload) of dims 16 g.. (byte 8 g) of tokens 2c + e, e in
+//     {0, 1, 8, 9}: in unpadded rows tokens 2c are 128 bytes apart, all four c on the same 16
+//     banks (2 g, 2 g + 1): 4 wavefronts where 2 suffice (nvfp4-bulk, session 8: 2-4%
+//     slower). A gap of one row after every 4 rows puts row t at 64 (t + t / 4): tokens
+//     e, e + 2 at bank offset 16 (e + 2 c) mod 32 = 0 or 16 and e + 4, e + 6 one 64-byte
+//     step later (the gap): banks 2 g + {0, 1} for two c and 16 + 2 g + {0, 1} for the other
+//     two, every bank twice: 2 wavefronts. The region is the padded rows' size (16 x 80).
+//   Scales as before (unpadded 8-byte rows, byte loads).
+// Not at other head dims (D = 64: 32-byte rows need a gap per 2 rows; D = 256: 16-byte value
+// loads), not on sm_80 / sm_86 / sm_89 (no copy engine), not for the CUDA-core core (G * q_len
+// > 16), not for two row tiles (below).
+// 1 is the default: executed-path walk (scripts/sass_path.py, sm_90, D = 128, G = 4, warps
+// 2-3 / 0-1) 604 / 649 -> 577 / 625 warp instructions per warp-tile, the tile start 162 ->
+// 142 (benchmarks/NOTES.md "nvstart"); -DKVKIT_DECODE_NVFP4_BULK=0 builds the cp.async path.
+#if defined(KVKIT_DECODE_NVFP4_BULK)
+#define KV_NVFP4_BULK KVKIT_DECODE_NVFP4_BULK
+#else
+#define KV_NVFP4_BULK 1
+#endif
+// One row tile only (G * q_len <= 8): at G = 16 (two row tiles, 255 registers) the walk rose
+// 735 -> 743 (the start fell by 6, the score and PV phases grew by 14).
+#if KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 128 && defined(KV_GROUP) && \
+    defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= 8
+static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
+              "the bank arithmetic above is for 64-byte code rows");
+#define KV_BULK_COPIES 1
+#define KV_BULK_WARP_SLABS 1
+#define KV_P0_SROW KV_P0_BYTES
+#define KV_P2_SROW KV_P2_BYTES
+#define KV_P2_SGAP KV_P2_BYTES
+#endif
+
 // E2M1 unpacking of the tensor-core register paths (kv_mma_kstep, kv_mma_vpair):
 //   1: a code word's eight nibbles as four fp16x2 words at once (kv_dc_e2m1x8_f16x2: 11
 //      instructions; V: one byte permute per four words of a token pair);

@@ -119,11 +119,23 @@ def parse_text(text: str) -> tuple[list[dict], dict[str, int]]:
     return ins, labels
 
 
-def loop_head(ins: list[dict]) -> int:
-    """The instruction before the first cp.async wait (DEPBAR) or mbarrier wait in a loop."""
+def loop_head(ins: list[dict], labels: dict[str, int] | None = None,
+              src: list[str] | None = None) -> int:  # fmt: skip
+    """The instruction before the first cp.async wait (DEPBAR); given labels and src, the
+    target of the tile loop's back edge where it lies before that wait (bulk builds test
+    `fast` and wait on the stage's mbarrier first, so their loop starts before the DEPBAR)."""
     for k, i in enumerate(ins):
-        if i["op"].startswith("DEPBAR"):
-            return ins[k - 1]["addr"]
+        if not i["op"].startswith("DEPBAR"):
+            continue
+        head = ins[k - 1]["addr"]
+        if labels is None or src is None:
+            return head
+        for j in ins[k + 1 :]:
+            line = src[j["chain"][0] - 1].strip() if j["chain"] else ""
+            m = re.search(r"`\((\.L_x_\d+)\)", j["body"])
+            if j["op"].startswith("BRA") and m and line.startswith("for (int i = 0; i < n_tiles"):
+                return min(head, labels[m.group(1)])
+        return head
     sys.exit("no DEPBAR: pass --head")
 
 
@@ -173,6 +185,8 @@ COMMON_TAKEN = (
     "at.row_off = row_off >= 0",  # the tile's row offset known (no division)
     "at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1))",  # pages of <= TILE tokens
     "if (sub)",  # slab planes by warp sub-runs
+    "if (slabs) {",  # bulk builds with warp slabs (decode_core.cuh issue_bulk_slabs)
+    "if (block_size <= kvd::TILE)",  # issue_bulk_slabs: pages of <= TILE tokens
     "const int idx = bt_sh >= 0",  # power-of-two pages: the ring's page index by a shift
     "float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];",  # no soft-cap
     "if (!full) {",  # a fully visible tile
@@ -240,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dir (or --dump) is required")
     ins, labels = parse(args.dir / f"{args.format}.sass")
     src = (args.dir / f"{args.format}.src").read_text().splitlines()
-    head = int(args.head, 16) if args.head else loop_head(ins)
+    head = int(args.head, 16) if args.head else loop_head(ins, labels, src)
     take: dict[int, int | bool] = {}
     if args.common:
         take = common_take(ins, labels, head, src, args.common == "warps01")

@@ -117,7 +117,17 @@
 #ifndef KV_BULK_COPIES
 #define KV_BULK_COPIES 0
 #endif
-#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES)
+// KV_BULK_WARP_SLABS (a family's choice, with KV_BULK_COPIES): fast launches whose planes are
+// all token-contiguous slabs and whose pages hold whole 16-token runs copy every plane per
+// warp as slabs of its 16 tokens (KvTilePipe::issue_bulk_slabs: a handful of copies per warp
+// and tile from warp-uniform addresses), into the staging layout the family sets by
+// KV_Pi_SROW / KV_Pi_SGAP below. It needs the tensor-core core's tiles (one warp per 16
+// tokens); the CUDA-core core of such a family keeps the cp.async copies.
+#ifndef KV_BULK_WARP_SLABS
+#define KV_BULK_WARP_SLABS 0
+#endif
+#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES && (!KV_BULK_WARP_SLABS || KVD_USE_MMA))
+#define KVD_BULK_WARP_SLABS (KVD_BULK && KV_BULK_WARP_SLABS)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -186,11 +196,58 @@ __host__ __device__ constexpr int a16(int x) { return (x + 15) & ~15; }
 __host__ __device__ constexpr int wpad(int w) {
     return w == 0 ? 0 : (((a16(w) / 16) & 1) ? a16(w) : a16(w) + 16);
 }
-constexpr int WP0 = wpad(KV_P0_BYTES);
-constexpr int WP1 = wpad(KV_P1_BYTES);
-constexpr int WP2 = wpad(KV_P2_BYTES);
-constexpr int WP3 = wpad(KV_P3_BYTES);
-constexpr int STAGE_BYTES = TILE * (WP0 + WP1 + WP2 + WP3);
+// A family may set a row plane's staging layout (KV_Pi_SROW: the row stride, a multiple of 16;
+// KV_Pi_SGAP: bytes left empty after every 4 rows, a multiple of 16), for the bank pattern of
+// its shared-memory reads (decode_nvfp4.cu: unpadded rows for 16-byte key loads, a row's gap
+// per 4 value rows for the 8-byte value loads of four tokens); every copy mode then writes
+// row t at srow(t) = t * SROW + (t / 4) * SGAP.
+#ifndef KV_P0_SROW
+#define KV_P0_SROW wpad(KV_P0_BYTES)
+#endif
+#ifndef KV_P1_SROW
+#define KV_P1_SROW wpad(KV_P1_BYTES)
+#endif
+#ifndef KV_P2_SROW
+#define KV_P2_SROW wpad(KV_P2_BYTES)
+#endif
+#ifndef KV_P3_SROW
+#define KV_P3_SROW wpad(KV_P3_BYTES)
+#endif
+#ifndef KV_P0_SGAP
+#define KV_P0_SGAP 0
+#endif
+#ifndef KV_P1_SGAP
+#define KV_P1_SGAP 0
+#endif
+#ifndef KV_P2_SGAP
+#define KV_P2_SGAP 0
+#endif
+#ifndef KV_P3_SGAP
+#define KV_P3_SGAP 0
+#endif
+constexpr int WP0 = KV_P0_SROW;
+constexpr int WP1 = KV_P1_SROW;
+constexpr int WP2 = KV_P2_SROW;
+constexpr int WP3 = KV_P3_SROW;
+constexpr int GP0 = KV_P0_SGAP;
+constexpr int GP1 = KV_P1_SGAP;
+constexpr int GP2 = KV_P2_SGAP;
+constexpr int GP3 = KV_P3_SGAP;
+static_assert(WP0 % 16 == 0 && WP1 % 16 == 0 && WP2 % 16 == 0 && WP3 % 16 == 0 &&
+                  WP0 >= KV_P0_BYTES && WP1 >= KV_P1_BYTES && WP2 >= KV_P2_BYTES &&
+                  WP3 >= KV_P3_BYTES,
+              "staging rows: whole 16-byte units, at least a row wide");
+static_assert(GP0 % 16 == 0 && GP1 % 16 == 0 && GP2 % 16 == 0 && GP3 % 16 == 0 &&
+                  (GP1 == 0 || KV_P1_BYTES % 16 == 0) && (GP3 == 0 || KV_P3_BYTES % 16 == 0) &&
+                  (GP0 == 0 || KV_P0_BYTES % 16 == 0) && (GP2 == 0 || KV_P2_BYTES % 16 == 0),
+              "row gaps: whole 16-byte units, row planes only (slab planes stay unpadded)");
+// Staging offset of row t of a plane with row stride WP and gap GP per 4 rows.
+__host__ __device__ constexpr int srow(int wp, int gp, int t) { return t * wp + (t >> 2) * gp; }
+// Plane regions of a stage, in plane order.
+constexpr int SO1 = srow(WP0, GP0, TILE);
+constexpr int SO2 = SO1 + srow(WP1, GP1, TILE);
+constexpr int SO3 = SO2 + srow(WP2, GP2, TILE);
+constexpr int STAGE_BYTES = SO3 + srow(WP3, GP3, TILE);
 // Copy threads per token of a tile. Row mode: thread (t, sub) copies chunks sub, sub + TPT,
 // ... of token t's row: one address computation per token and tile, and each pair of
 // neighbouring threads fills whole 32-byte sectors.
@@ -326,6 +383,15 @@ __device__ __forceinline__ void kv_mbar_arrive_tx(unsigned bar, unsigned bytes) 
 // valid barrier is undefined). On sm_90 this is SYNCS.CCTL.IV, an invalidation in the
 // synchronization unit that keeps barrier state, i.e. real state that a CTA handing its
 // shared memory back to the next CTA or kernel must not leave behind.
+// The same arrival once per warp: every lane of a converged warp executes this with the same
+// operands and the elected lane arrives (barriers initialised with one arrival per warp).
+__device__ __forceinline__ void kv_mbar_arrive_tx_warp(unsigned bar, unsigned bytes) {
+    asm volatile(
+        "{\n\t.reg .pred p;\n\telect.sync _|p, 0xffffffff;\n\t"
+        "@p mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n\t}" ::"r"(bar),
+        "r"(bytes)
+        : "memory");
+}
 __device__ __forceinline__ void kv_mbar_inval(unsigned bar) {
     asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(bar) : "memory");
 }
@@ -361,7 +427,7 @@ __device__ __forceinline__ void kv_copy_chunk(unsigned char* dst, const unsigned
 
 // Synchronous fallback: the tile's rows of one plane (W bytes per row) into staging rows of
 // WP bytes, C bytes per load. Tokens without a valid page (tp[t] < 0) are not read.
-template <int W, int WP, int C>
+template <int W, int WP, int GP, int C>
 __device__ __forceinline__ void kv_copy_rows_sync(unsigned char* stage, const unsigned char* base,
                                                   long long sb, long long sh, long long st,
                                                   int elem, int kvh, const int* tp, int t0,
@@ -376,7 +442,7 @@ __device__ __forceinline__ void kv_copy_rows_sync(unsigned char* stage, const un
         if (page < 0) continue;
         const int off = (t0 + t) % block_size;
         const long long o = ((long long)page * sb + head_off + (long long)off * st) * elem;
-        kv_copy_chunk<C>(stage + t * WP + ch * C, base + o + ch * C);
+        kv_copy_chunk<C>(stage + kvd::srow(WP, GP, t) + ch * C, base + o + ch * C);
     }
 }
 
@@ -472,7 +538,7 @@ __device__ __forceinline__ const unsigned char* kv_row_src(const unsigned char* 
 // with 32-bit offsets (KvTilePipe::fast), so the width alone gives the mode (kv_plane_mode:
 // whole 16-byte units take the row mode, other widths the slab mode) and no mode, offset
 // width or fallback is decided per plane and tile.
-template <int W, int WP, bool FAST, bool SUB = false>
+template <int W, int WP, int GP, bool FAST, bool SUB = false>
 __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned stage_sa,
                                                const unsigned char* base, long long sb,
                                                long long sh, long long st, int elem, int vec,
@@ -494,7 +560,7 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
                 const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh,
                                                             v ? at.row_page : 0, at.row_off,
                                                             at.row_x);
-                const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
+                const unsigned dst = stage_sa + kvd::srow(WP, GP, at.row_t) + at.row_x;
 #pragma unroll
                 for (int k = 0; k < NCH / kvd::TPT; ++k)
                     kv_cp_async16_zfill(dst + k * kvd::TPT * 16, src + k * kvd::TPT * 16,
@@ -502,7 +568,7 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             } else if (at.row_page >= 0) {
                 const unsigned char* src = kv_row_src<FAST>(base, sb, sh, st, elem, kvh,
                                                             at.row_page, at.row_off, at.row_x);
-                const unsigned dst = stage_sa + at.row_t * WP + at.row_x;
+                const unsigned dst = stage_sa + kvd::srow(WP, GP, at.row_t) + at.row_x;
 #pragma unroll
                 for (int k = 0; k < (NCH + kvd::TPT - 1) / kvd::TPT; ++k) {
                     if (NCH % kvd::TPT == 0 || at.row_x / 16 + k * kvd::TPT < NCH)
@@ -553,33 +619,33 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             const int v = vec & KVD_VEC_MASK;
             if constexpr (W % 16 == 0) {
                 if (v >= 16) {
-                    kv_copy_rows_sync<W, WP, 16>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                    kv_copy_rows_sync<W, WP, GP, 16>(stage, base, sb, sh, st, elem, kvh, tp, t0,
                                                  n_tile, block_size);
                     return;
                 }
             }
             if constexpr (W % 8 == 0) {
                 if (v >= 8) {
-                    kv_copy_rows_sync<W, WP, 8>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                    kv_copy_rows_sync<W, WP, GP, 8>(stage, base, sb, sh, st, elem, kvh, tp, t0,
                                                 n_tile, block_size);
                     return;
                 }
             }
             if constexpr (W % 4 == 0) {
                 if (v >= 4) {
-                    kv_copy_rows_sync<W, WP, 4>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                    kv_copy_rows_sync<W, WP, GP, 4>(stage, base, sb, sh, st, elem, kvh, tp, t0,
                                                 n_tile, block_size);
                     return;
                 }
             }
             if constexpr (W % 2 == 0) {
                 if (v >= 2) {
-                    kv_copy_rows_sync<W, WP, 2>(stage, base, sb, sh, st, elem, kvh, tp, t0,
+                    kv_copy_rows_sync<W, WP, GP, 2>(stage, base, sb, sh, st, elem, kvh, tp, t0,
                                                 n_tile, block_size);
                     return;
                 }
             }
-            kv_copy_rows_sync<W, WP, 1>(stage, base, sb, sh, st, elem, kvh, tp, t0, n_tile,
+            kv_copy_rows_sync<W, WP, GP, 1>(stage, base, sb, sh, st, elem, kvh, tp, t0, n_tile,
                                         block_size);
         }
     }
@@ -607,14 +673,14 @@ __host__ __device__ constexpr int kv_slab_w(int w) { return w % 16 != 0 ? w : 0;
 // row (row_mine) into the padded staging row, or its run of sc tokens (slab_mine) into
 // unpadded rows. Both ends are 16-byte aligned and the sizes multiples of 16 (the row and
 // slab modes' conditions).
-template <int W, int WP>
+template <int W, int WP, int GP>
 __device__ __forceinline__ void kv_bulk_plane(unsigned sa, const unsigned char* base,
                                               long long sb, long long sh, long long st,
                                               int elem, int kvh, const KvIssueAt& at,
                                               bool row_mine, bool slab_mine, unsigned bar) {
     if constexpr (W > 0 && W % 16 == 0) {
         if (row_mine)
-            kv_bulk_copy(sa + at.row_t * WP,
+            kv_bulk_copy(sa + kvd::srow(WP, GP, at.row_t),
                          kv_row_src<true>(base, sb, sh, st, elem, kvh, at.row_page, at.row_off, 0),
                          W, bar);
     } else if constexpr (W > 0) {
@@ -632,13 +698,14 @@ __device__ __forceinline__ void kv_bulk_plane(unsigned sa, const unsigned char* 
 // off + cnt - 1) by the calling warp: row r from the page's row off + r (the token stride
 // apart) into staging row t16 + r (the padded stride WP apart). Every argument is
 // warp-uniform; whole runs (cnt 16) are unrolled.
-template <int W, int WP>
+template <int W, int WP, int GP>
 __device__ __forceinline__ void kv_bulk_run(unsigned sa, const unsigned char* base, long long sb,
                                             long long sh, long long st, int elem, int kvh,
                                             int page, int off, int t16, int cnt, unsigned bar) {
     if constexpr (W > 0 && W % 16 == 0) {
         const unsigned char* src = kv_row_src<true>(base, sb, sh, st, elem, kvh, page, off, 0);
-        unsigned dst = sa + (unsigned)t16 * WP;
+        // t16 is a multiple of 4, so a gap follows every 4th row of the run.
+        unsigned dst = sa + (unsigned)kvd::srow(WP, GP, t16);
         // The host's 32-bit offset check (KVD_OFF32_BIT) covers every in-page byte offset.
         const unsigned stB = (unsigned)st * (unsigned)elem;
         // Addresses stepped row by row (an add each) rather than r * stride per copy.
@@ -646,18 +713,70 @@ __device__ __forceinline__ void kv_bulk_run(unsigned sa, const unsigned char* ba
 #pragma unroll
             for (int r = 0; r < 16; ++r) {
                 kv_bulk_copy_warp(dst, src, W, bar);
-                dst += WP;
+                dst += WP + ((r & 3) == 3 ? GP : 0);
                 src += stB;
             }
         } else {
 #pragma unroll 1
             for (int r = 0; r < cnt; ++r) {
                 kv_bulk_copy_warp(dst, src, W, bar);
-                dst += WP;
+                dst += WP + ((r & 3) == 3 ? GP : 0);
                 src += stB;
             }
         }
     }
+}
+#endif
+
+#if KVD_BULK_WARP_SLABS
+// The calling warp's 16 tokens of one plane (t16 .. t16 + 15 of the tile, one page: in-page
+// tokens off .. off + 15, 16 W contiguous bytes) by the copy engine: one copy into unpadded
+// staging rows, or one per 4 rows where the family leaves a gap after every 4 rows (GP).
+// Every argument is warp-uniform, so the copies issue from uniform registers
+// (kv_bulk_copy_warp). Sizes and ends are multiples of 16: the slab bit's 16-byte aligned
+// (page, head) slabs, off a multiple of 16, W % 4 == 0 where GP > 0 (row planes: W % 16 == 0).
+// Page 0's address of the (head kvh, in-page token off) slab of a plane (KvTilePipe::sbase).
+template <int W>
+__device__ __forceinline__ unsigned long long kv_slab_base(const unsigned char* base, long long sh,
+                                                           long long st, int elem, int kvh,
+                                                           int off) {
+    if constexpr (W == 0) {
+        return 0ull;
+    } else {
+        return reinterpret_cast<unsigned long long>(kv_row_src<true>(base, 0, sh, st, elem, kvh,
+                                                                     0, off, 0));
+    }
+}
+template <bool OFFV, int W, int WP, int GP>
+__device__ __forceinline__ void kv_bulk_slab(unsigned sa, unsigned long long sbase, long long sb,
+                                             long long st, int elem, int page, int offv,
+                                             int t16, unsigned bar) {
+    if constexpr (W > 0) {
+        // Slab planes (W % 16 != 0) are staged unpadded in fast launches (rs = W); row planes
+        // must be unpadded rows here (KV_Pi_SROW = width).
+        static_assert(W % 16 != 0 || WP == W, "warp slabs need unpadded staging rows");
+        // The page's product by its own mad.wide with sbase (+ the tile's offset in pages
+        // larger than a tile) as the addend (kv_row_src: offsets fit 32 bits).
+        unsigned long long a;
+        asm("mad.wide.u32 %0, %1, %2, %3;"
+            : "=l"(a)
+            : "r"((unsigned)page), "r"((unsigned)sb * (unsigned)elem),
+              "l"(OFFV ? sbase + (unsigned)offv * ((unsigned)st * (unsigned)elem) : sbase));
+        const unsigned char* src = reinterpret_cast<const unsigned char*>(a);
+        const unsigned dst = sa + (unsigned)kvd::srow(W, GP, t16);
+        if constexpr (GP == 0) {
+            kv_bulk_copy_warp(dst, src, 16 * W, bar);
+        } else {
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                kv_bulk_copy_warp(dst + k * (4 * W + GP), src + 4 * k * W, 4 * W, bar);
+        }
+    }
+}
+// Whether a plane allows warp slabs: unused, or token-contiguous with 16-byte aligned slabs.
+template <int W>
+__device__ __forceinline__ bool kv_plane_slabs(int vec) {
+    return W == 0 || (vec & KVD_SLAB_BIT) != 0;
 }
 #endif
 
@@ -684,6 +803,15 @@ struct KvTilePipe {
     int row_off;   // row mode: this thread's token offset in its page, or -1 (per tile)
     bool fast;     // every plane copies asynchronously with 32-bit offsets (kv_plane_fast);
                    // on sm_90+ such launches copy by the copy engine (bulk)
+#if KVD_BULK_WARP_SLABS
+    bool slabs;    // fast, every plane a slab (kv_plane_slabs) and power-of-two pages of
+                   // >= 16 tokens: each warp copies its 16 tokens' slabs (issue_bulk_slabs)
+    // Per plane, the source address of this warp's 16 tokens in page 0 (the head's slab plus
+    // the in-page token offset when pages hold whole tiles' parts): worked out once
+    // (prepare_slabs), as the copy engine's uniform operands would otherwise be rebuilt from
+    // the kernel parameters every tile (~11 uniform instructions per plane).
+    unsigned long long sbase[4];
+#endif
 #if KVD_BULK
     unsigned bar_sa;  // shared-window address of stage 0's mbarrier
 #endif
@@ -756,31 +884,101 @@ struct KvTilePipe {
     // Staged rows of tile-local token t, one per plane.
     __device__ __forceinline__ void rows(const unsigned char* s, int t,
                                          const unsigned char** rw) const {
-        rw[0] = s + t * rs[0];
-        rw[1] = s + kvd::TILE * kvd::WP0 + t * rs[1];
-        rw[2] = s + kvd::TILE * (kvd::WP0 + kvd::WP1) + t * rs[2];
-        rw[3] = s + kvd::TILE * (kvd::WP0 + kvd::WP1 + kvd::WP2) + t * rs[3];
+        // (The gaps are compile-time, 0 unless the family sets them: no code then.)
+        rw[0] = s + t * rs[0] + (t >> 2) * kvd::GP0;
+        rw[1] = s + kvd::SO1 + t * rs[1] + (t >> 2) * kvd::GP1;
+        rw[2] = s + kvd::SO2 + t * rs[2] + (t >> 2) * kvd::GP2;
+        rw[3] = s + kvd::SO3 + t * rs[3] + (t >> 2) * kvd::GP3;
     }
     template <bool FAST, bool SUB = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,
                                            KV_PLANE_PARAM_DECL) {
-        constexpr int SO1 = kvd::TILE * kvd::WP0;
-        constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
-        constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-        kv_issue_plane<KV_P0_BYTES, kvd::WP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st,
+        constexpr int SO1 = kvd::SO1;
+        constexpr int SO2 = kvd::SO2;
+        constexpr int SO3 = kvd::SO3;
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, kvd::GP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st,
                                                          KV_P0_ELEM, p0_vec, md[0], kvh, at, tp,
                                                          t0, n, bs);
-        kv_issue_plane<KV_P1_BYTES, kvd::WP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, kvd::GP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
                                                          p1_st, KV_P1_ELEM, p1_vec, md[1], kvh,
                                                          at, tp, t0, n, bs);
-        kv_issue_plane<KV_P2_BYTES, kvd::WP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, kvd::GP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
                                                          p2_st, KV_P2_ELEM, p2_vec, md[2], kvh,
                                                          at, tp, t0, n, bs);
-        kv_issue_plane<KV_P3_BYTES, kvd::WP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, kvd::GP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
                                                          p3_st, KV_P3_ELEM, p3_vec, md[3], kvh,
                                                          at, tp, t0, n, bs);
     }
+#if KVD_BULK_WARP_SLABS
+    // sbase (after kv_make_pipe, before the first issue); 0 unless slabs.
+    __device__ __forceinline__ void prepare_slabs(KV_PLANE_PARAM_DECL) {
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+        const int off = block_size <= kvd::TILE ? (t16 & (block_size - 1)) : t16;
+        sbase[0] = sbase[1] = sbase[2] = sbase[3] = 0;
+        if (slabs) {
+            sbase[0] = kv_slab_base<KV_P0_BYTES>(p0, p0_sh, p0_st, KV_P0_ELEM, kvh, off);
+            sbase[1] = kv_slab_base<KV_P1_BYTES>(p1, p1_sh, p1_st, KV_P1_ELEM, kvh, off);
+            sbase[2] = kv_slab_base<KV_P2_BYTES>(p2, p2_sh, p2_st, KV_P2_ELEM, kvh, off);
+            sbase[3] = kv_slab_base<KV_P3_BYTES>(p3, p3_sh, p3_st, KV_P3_ELEM, kvh, off);
+        }
+        (void)p0_sb, (void)p1_sb, (void)p2_sb, (void)p3_sb;
+        (void)p0_vec, (void)p1_vec, (void)p2_vec, (void)p3_vec;
+    }
+    // Tile j's copies when slabs: warp w copies tokens 16 w .. 16 w + 15, which lie in one page
+    // (pages of a multiple of 16 tokens, tiles start on a page start: splits and window starts
+    // are page-aligned), whole: past the sequence end the page's slots are copied too (they
+    // are in the page; the masks drop them, as the cp.async sub-runs' do). t16, the page and
+    // its offset are shuffled from lane 0, so the compiler keeps them (and the copies'
+    // addresses) in uniform registers. A warp without a page copies nothing: its staging keeps
+    // stale bytes, which only reach masked arithmetic (invalid tokens' V words are zeroed,
+    // their logits replaced by -inf). Lane 0 announces the bytes; every thread arrives.
+    __device__ __forceinline__ void issue_bulk_slabs(int j, unsigned sa, int t0, int n,
+                                                     const int* tp, int kvh, int bs,
+                                                     unsigned tid, KV_PLANE_PARAM_DECL) {
+        static_assert(kvd::SUB16, "warp slabs: one warp per 16 tokens of a tile");
+        constexpr unsigned TW = KV_P0_BYTES + KV_P1_BYTES + KV_P2_BYTES + KV_P3_BYTES;
+        // Not issue()'s opaque per-tile copies of threadIdx.x, kvh and block_size: here what
+        // derives from them is warp-uniform, and ptxas may keep it over the loop in uniform
+        // registers (which the vector register budget does not pay for): t16, and per plane
+        // the (head, in-page token) part of the source address when pages hold whole tiles'
+        // parts (block_size <= TILE: a tile starts on a page start, so off = t16 % block_size
+        // is the same for every tile).
+        (void)tid;
+        (void)kvh;
+        (void)bs;
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+        const int pg = __shfl_sync(0xffffffffu, t16 < n ? tp[t16] : -1, 0);
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        kv_mbar_arrive_tx_warp(bar, pg >= 0 ? 16u * TW : 0u);
+        if (pg >= 0) {
+            // The stage was last read through the generic proxy (before this tile's barrier);
+            // the copy engine writes through the async one.
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            // Pages of <= TILE tokens (the common case): sbase holds the in-page offset; the
+            // others add the tile's offset in its page (a second copy of the code, so the
+            // common one has no offset arithmetic per plane).
+            if (block_size <= kvd::TILE)
+                slab_copies<false>(sa, pg, 0, t16, bar, KV_PLANE_PARAMS);
+            else
+                slab_copies<true>(sa, pg, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
+        }
+    }
+    template <bool OFFV>
+    __device__ __forceinline__ void slab_copies(unsigned sa, int pg, int offv, int t16,
+                                                unsigned bar, KV_PLANE_PARAM_DECL) const {
+        {
+            kv_bulk_slab<OFFV, KV_P0_BYTES, kvd::WP0, kvd::GP0>(sa, sbase[0], p0_sb, p0_st,
+                KV_P0_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P1_BYTES, kvd::WP1, kvd::GP1>(sa + kvd::SO1, sbase[1], p1_sb, p1_st,
+                KV_P1_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P2_BYTES, kvd::WP2, kvd::GP2>(sa + kvd::SO2, sbase[2], p2_sb, p2_st,
+                KV_P2_ELEM, pg, offv, t16, bar);
+            kv_bulk_slab<OFFV, KV_P3_BYTES, kvd::WP3, kvd::GP3>(sa + kvd::SO3, sbase[3], p3_sb, p3_st,
+                KV_P3_ELEM, pg, offv, t16, bar);
+        }
+    }
+#endif
 #if KVD_BULK
     // Bulk copies of tile j (fast launches on sm_90+): row planes one copy per token row by
     // the thread with row_x 0, slab planes one copy per run by the run's first thread. Every
@@ -816,16 +1014,16 @@ struct KvTilePipe {
             // The stage was last read through the generic proxy (before this tile's barrier);
             // the copy engine writes through the async one.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            constexpr int SO1 = kvd::TILE * kvd::WP0;
-            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
-            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            kv_bulk_plane<KV_P0_BYTES, kvd::WP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh,
+            constexpr int SO1 = kvd::SO1;
+            constexpr int SO2 = kvd::SO2;
+            constexpr int SO3 = kvd::SO3;
+            kv_bulk_plane<KV_P0_BYTES, kvd::WP0, kvd::GP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh,
                                                  at, row_mine, slab_mine, bar);
-            kv_bulk_plane<KV_P1_BYTES, kvd::WP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
+            kv_bulk_plane<KV_P1_BYTES, kvd::WP1, kvd::GP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM,
                                                  kvh, at, row_mine, slab_mine, bar);
-            kv_bulk_plane<KV_P2_BYTES, kvd::WP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
+            kv_bulk_plane<KV_P2_BYTES, kvd::WP2, kvd::GP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM,
                                                  kvh, at, row_mine, slab_mine, bar);
-            kv_bulk_plane<KV_P3_BYTES, kvd::WP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
+            kv_bulk_plane<KV_P3_BYTES, kvd::WP3, kvd::GP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM,
                                                  kvh, at, row_mine, slab_mine, bar);
         }
     }
@@ -852,16 +1050,16 @@ struct KvTilePipe {
             // The stage was last read through the generic proxy (before this tile's barrier);
             // the copy engine writes through the async one.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-            constexpr int SO1 = kvd::TILE * kvd::WP0;
-            constexpr int SO2 = SO1 + kvd::TILE * kvd::WP1;
-            constexpr int SO3 = SO2 + kvd::TILE * kvd::WP2;
-            kv_bulk_run<KV_P0_BYTES, kvd::WP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh, pg,
+            constexpr int SO1 = kvd::SO1;
+            constexpr int SO2 = kvd::SO2;
+            constexpr int SO3 = kvd::SO3;
+            kv_bulk_run<KV_P0_BYTES, kvd::WP0, kvd::GP0>(sa, p0, p0_sb, p0_sh, p0_st, KV_P0_ELEM, kvh, pg,
                                                off, t16, cnt, bar);
-            kv_bulk_run<KV_P1_BYTES, kvd::WP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, kvh,
+            kv_bulk_run<KV_P1_BYTES, kvd::WP1, kvd::GP1>(sa + SO1, p1, p1_sb, p1_sh, p1_st, KV_P1_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
-            kv_bulk_run<KV_P2_BYTES, kvd::WP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, kvh,
+            kv_bulk_run<KV_P2_BYTES, kvd::WP2, kvd::GP2>(sa + SO2, p2, p2_sb, p2_sh, p2_st, KV_P2_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
-            kv_bulk_run<KV_P3_BYTES, kvd::WP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, kvh,
+            kv_bulk_run<KV_P3_BYTES, kvd::WP3, kvd::GP3>(sa + SO3, p3, p3_sb, p3_sh, p3_st, KV_P3_ELEM, kvh,
                                                pg, off, t16, cnt, bar);
         }
     }
@@ -922,6 +1120,13 @@ struct KvTilePipe {
             asm volatile("mov.b32 %0, %3;\n\tmov.b32 %1, %4;\n\tmov.b32 %2, %5;"
                          : "=r"(kvh_t), "=r"(bs), "=r"(tid)
                          : "r"(kvh), "r"(block_size), "r"(threadIdx.x));
+#if KVD_BULK_WARP_SLABS
+            if (slabs) {
+                issue_bulk_slabs(j, kv_smem_addr(s), t0, n, tp, kvh_t, bs, tid,
+                                 KV_PLANE_PARAMS);
+                return;
+            }
+#endif
             KvIssueAt at;
             at.row_t = (int)(tid / kvd::TPT);
             at.row_x = (int)(16 * (tid % kvd::TPT));
@@ -994,6 +1199,11 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
               kv_plane_fast<KV_P1_BYTES>(pp.md[1], p1_vec) &&
               kv_plane_fast<KV_P2_BYTES>(pp.md[2], p2_vec) &&
               kv_plane_fast<KV_P3_BYTES>(pp.md[3], p3_vec);
+#if KVD_BULK_WARP_SLABS
+    pp.slabs = pp.fast && (block_size & 15) == 0 && (block_size & (block_size - 1)) == 0 && kv_plane_slabs<KV_P0_BYTES>(p0_vec) &&
+               kv_plane_slabs<KV_P1_BYTES>(p1_vec) && kv_plane_slabs<KV_P2_BYTES>(p2_vec) &&
+               kv_plane_slabs<KV_P3_BYTES>(p3_vec);
+#endif
     pp.rs[0] = pp.md[0] == KVD_MODE_SLAB ? KV_P0_BYTES : kvd::WP0;
     pp.rs[1] = pp.md[1] == KVD_MODE_SLAB ? KV_P1_BYTES : kvd::WP1;
     pp.rs[2] = pp.md[2] == KVD_MODE_SLAB ? KV_P2_BYTES : kvd::WP2;
@@ -1050,7 +1260,13 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     // tiles make them, so every barrier made is also invalidated (retire_bulk: a CTA without
     // tiles would otherwise leave valid barriers behind in the shared memory it hands back).
     if (pp.fast && pp.n_tiles > 0 && threadIdx.x == 0) {
-        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, kvd::THREADS);
+        // Warp slabs: one arrival per warp (kv_mbar_arrive_tx_warp); else one per thread.
+#if KVD_BULK_WARP_SLABS
+        const unsigned arrivals = pp.slabs ? kvd::NW : kvd::THREADS;
+#else
+        const unsigned arrivals = kvd::THREADS;
+#endif
+        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
 #endif

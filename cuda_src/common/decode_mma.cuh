@@ -334,7 +334,7 @@ __device__ __forceinline__ unsigned kv_v_operand_tile(const KvTilePipe& pipe,
     (void)tp;
     (void)vt_s;
     (void)warp;
-    return kv_smem_addr(s + kvd::TILE * kvd::WP0 + (tw0 + lrow) * pipe.rs[1] + 2 * lcol);
+    return kv_smem_addr(s + kvd::SO1 + (tw0 + lrow) * pipe.rs[1] + 2 * lcol);
 #else
     unsigned short* vt = vt_s + warp * 16 * kvm::VSTR;
     constexpr int C8 = kvm::D / 8;
@@ -441,6 +441,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                                    seq_lens, num_blocks, block_size, window, error_flag,
                                    tp_ring, stg, &seq_len);
     const int n_tiles = pipe.n_tiles;
+#if KVD_BULK_WARP_SLABS
+    pipe.prepare_slabs(KV_PLANE_PARAMS);
+#endif
 
     // Per-thread state of rows 8 nr + 2c + j: m, this thread's share of l and of
     // sum p * zero (KV_MMA_VCODES; both summed over the lanes sharing c at the end), and the

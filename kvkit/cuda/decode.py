@@ -25,7 +25,9 @@ the tensor-core stage 1 through the masked softmax, which fully visible tiles sk
 compare the two bit for bit; ``KVKIT_DECODE_BULK_RUNS=0`` copies the bulk row planes of fp16 /
 bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NVFP4_UNPACK=0`` /
 ``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1, pair by pair / eight codes at
-once (the default), same bits: both for A/B runs). With one split and no sinks stage 1 writes
+once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4's tile copies
+on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
+same staged bytes: all for A/B runs). With one split and no sinks stage 1 writes
 o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -237,12 +239,15 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     nvfp4_unpack = os.environ.get("KVKIT_DECODE_NVFP4_UNPACK", "")
     if nvfp4_unpack not in ("", "0", "1"):
         raise ValueError(f"KVKIT_DECODE_NVFP4_UNPACK={nvfp4_unpack!r}: want 0 or 1")
+    nvfp4_bulk = os.environ.get("KVKIT_DECODE_NVFP4_BULK", "")
+    if nvfp4_bulk not in ("", "0", "1"):
+        raise ValueError(f"KVKIT_DECODE_NVFP4_BULK={nvfp4_bulk!r}: want 0 or 1")
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack,
+        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -264,6 +269,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if nvfp4_unpack and fmt.family == "nvfp4":
         # NVFP4's tensor-core E2M1 unpacking (decode_nvfp4.cu KV_NVFP4_UNPACK; A/B runs).
         defines["KVKIT_DECODE_NVFP4_UNPACK"] = nvfp4_unpack
+    if nvfp4_bulk and fmt.family == "nvfp4":
+        # NVFP4's tile copies on sm_90+ at D = 128: warp slabs by the copy engine (1, the
+        # default) or cp.async pieces (0) (decode_nvfp4.cu KV_NVFP4_BULK; A/B runs).
+        defines["KVKIT_DECODE_NVFP4_BULK"] = nvfp4_bulk
     func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
     return func, smem, threads, tile

@@ -509,6 +509,36 @@ def test_nvfp4_unpack_paths_agree_bit_for_bit(cp, head_dim, group, q_len, window
         assert lse_error(lse1, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90), (8, 1, None),
+                                                   (16, 1, None)])  # fmt: skip
+def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_len, window,
+                                                      monkeypatch):  # fmt: skip
+    """On sm_90+ NVFP4 at D = 128 copies its tiles by the copy engine, one warp per 16-token
+    page run and plane (decode_core.cuh issue_bulk_slabs: unpadded key rows, value rows with a
+    row's gap per 4 rows); KVKIT_DECODE_NVFP4_BULK=0 copies 16-byte cp.async pieces as before.
+    The valid tokens' staged bytes are the same and invalid ones only reach masked arithmetic,
+    so the results are identical bit for bit: ragged lengths (runs cut by the sequence end,
+    warps past it copying nothing), a window with causal q_len 2, pages below, at and above the
+    64-token tile (the tile's offset in its page), G * q_len = 16 (two row tiles: cp.async
+    under both settings). On GPUs without bulk copies both builds are the cp.async path."""
+    case = Case("nvfp4", head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 3], window=window,
+                seed=block_size + group)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_NVFP4_BULK", raising=False)
+        o_bulk, lse_bulk = case.run(num_splits)
+        assert case.flag() == 0
+        monkeypatch.setenv("KVKIT_DECODE_NVFP4_BULK", "0")
+        o_cp, lse_cp = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o_bulk, o_cp)
+        np.testing.assert_array_equal(lse_bulk, lse_cp)
+        assert rel_error(o_bulk, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse_bulk, ref_lse) <= DECODE_GPU_RTOL
+
+
 @pytest.mark.parametrize("name, head_dim", [("nvfp4", 128), ("nvfp4", 64), ("nvfp4", 256),
                                             ("fp8_e4m3", 128)])  # fmt: skip
 def test_nan_bytes_past_the_sequence_end_are_masked(cp, name, head_dim):
