@@ -228,7 +228,9 @@ def _tq_bucket_defines(fmt: TurboQuantFormat, inf_gaps: bool = False) -> dict[st
     d: dict[str, str] = {}
     table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
     if table is not None:
-        mid = np.where(np.isnan(table.mid), np.float32(np.inf), table.mid) if inf_gaps else table.mid
+        mid = (
+            np.where(np.isnan(table.mid), np.float32(np.inf), table.mid) if inf_gaps else table.mid
+        )
         mid_bits = np.asarray(mid, np.float32).view(np.uint32)
         cells = ",".join(
             f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
