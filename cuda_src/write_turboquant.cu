@@ -734,7 +734,16 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
                                        KvUDiv{n_heads, heads_m, heads_s1, heads_s2},
                                        KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &h, &blk, &off);
+#if TQ_VARIANT >= 3
+    // 0 <= h < H and 0 <= off < block_size: their products as unsigned 32 x 64-bit multiplies
+    // (the same bits mod 2^64 for any stride sign), without the sign extensions of signed ones.
+    unsigned char* dst = active ? slots + blk * s_stride_block
+                                      + (long long)((unsigned long long)(unsigned)h * (unsigned long long)s_stride_head)
+                                      + (long long)((unsigned long long)(unsigned)off * (unsigned long long)s_stride_token)
+                                : slots;
+#else
     unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+#endif
     const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
     const long long src = active ? row * KV_HEAD_DIM : 0;
     // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
@@ -750,6 +759,30 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const bool aligned =
         ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
     unsigned int kw[R][W], vw[R][W];
+#if TQ_VARIANT >= 3
+    // One branch per lane for all R pieces (active and aligned do not depend on r), where a
+    // branch per piece cost a BSSY / BSYNC pair and a test each.
+    if (active && aligned) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long i = src + (p + L * r) * TQ_E;
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
+        }
+    } else if (active) {  // base pointers below ALIGN (views at odd element offsets)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long i = src + (p + L * r) * TQ_E;
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, i, kw[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, i, vw[r]);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
+    }
+#else
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const long long i = src + (p + L * r) * TQ_E;
@@ -764,6 +797,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
             for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
         }
     }
+#endif
 
     // Slot stores are 16-bit when the slot's address is even (always, unless a plane is a byte
     // view at an odd offset): one warp-uniform branch to a body with the stores fixed, where
