@@ -71,7 +71,10 @@
 // 1 fp16 inputs widened without the NaN-payload test (every byte of a slot depends on an input
 // NaN only through its NaN-ness: the codes compare, kv_f16_bits_sat writes every NaN as 0x7E00,
 // E4M3 has one NaN) and the row / slot split by the host's magic numbers; 2 = 1 plus the near
-// decisions of keys (TQ_BKT) and values (see kv_tq_rows).
+// decisions of keys (TQ_BKT) and values (see kv_tq_rows); 3 = 2 with cheaper near decisions
+// (kv_tq_cell_v3, the loops under TQ_VARIANT >= 3), the rotation signs XORed into the input
+// words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
+// branch for all row pieces.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -547,8 +550,8 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             // where the proof is): with a = RN(v - lo) (the spec's) and r = RN(1 / scale),
             // g = RN(a r + 1.5 * 2^23) holds k = rint(a r) in its low bits (the product exact),
             // and e = RN(a r - k) (k = g - 1.5 * 2^23, exact) is within 2^-25 of a r - k; where
-            // |e| < 1/2 - TQ_NEAR_VALUE, a r and then the spec's Z = RN(RN(w) + 0.5) stay inside
-            // (k - 1/2, k + 1/2) + 1/2, so floor(Z) = k (0 <= k <= top, no clamp). A NaN element
+            // |e| < 1/2 - TQ_NEAR_VALUE, a r + 1/2 and then the spec's Z = RN(RN(w) + 0.5) stay
+            // inside (k, k + 1), so floor(Z) = k (0 <= k <= top, no clamp). A NaN element
             // gives a NaN e: not ok. Codes packed from g's bits (kv_tq_magic_junk).
             bool ok = true;
             constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
