@@ -71,7 +71,10 @@
 // 1 fp16 inputs widened without the NaN-payload test (every byte of a slot depends on an input
 // NaN only through its NaN-ness: the codes compare, kv_f16_bits_sat writes every NaN as 0x7E00,
 // E4M3 has one NaN) and the row / slot split by the host's magic numbers; 2 = 1 plus the near
-// decisions of keys (TQ_BKT) and values (see kv_tq_rows).
+// decisions of keys (TQ_BKT) and values (see kv_tq_rows); 3 = 2 with cheaper near decisions
+// (kv_tq_cell_v3, the loops under TQ_VARIANT >= 3), the rotation signs XORed into the input
+// words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
+// branch for all row pieces.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -135,7 +138,69 @@ __device__ __forceinline__ KvTqCell kv_tq_cell(float y, const KvTqCell* __restri
     const int cell = __float_as_int(__fmaf_rn(yc, TQ_BKT_SCALE, TQ_BKT_MAGIC)) - TQ_BKT_BIAS;
     return s_cell[cell];
 }
+
+#if TQ_VARIANT >= 3
+// Variant 3's cell of t (kvkit/formats/arch_models.py tq_near_key_index_v3, where the proof is):
+// u = sat(RN(t * RN(r / (2 clamp)) + 0.5)) maps [-clamp, clamp] onto [0, 1] (the product by the
+// power of two 1 / (2 clamp) is exact; sat maps a NaN to 0, so no address leaves the table),
+// and RN(u * 2 half + 1.5 * 2^23) has the cell, rint(u * 2 half), in its low bits: two fmas
+// where variant 2 took the product yq, two clamps, an fma and a subtract. The shared address is
+// formed with the magic's bits folded into the table's base (32-bit shared addresses wrap).
+__device__ __forceinline__ uint4 kv_tq_cell_v3(float t, float ra, unsigned int tab) {
+    const float u = __saturatef(__fmaf_rn(t, ra, 0.5f));
+    const unsigned int cb = __float_as_uint(__fmaf_rn(u, TQ_BKT_UW, TQ_BKT_MAGIC));
+    uint4 e;
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(e.x), "=r"(e.y), "=r"(e.z), "=r"(e.w)
+        : "r"(tab + cb * 16u));
+    return e;
+}
 #endif
+#endif
+#endif
+
+#if TQ_VARIANT >= 3
+// The rotation signs folded into the input words (variant 3): s_i x_i is x_i with its sign bit
+// flipped where s_i = -1 (exact in IEEE arithmetic, zeros and NaNs included; the squares of the
+// norm do not change), so a word's flips are one XOR on its sign bits before the widening,
+// where variant 2 took a select and a multiply per element. For row piece r and word w of a
+// lane, the mask depends on the lane p < L only; kv_tq_sign_words stores bit (pos - p) of c[r][w]
+// = the sign of the word's element whose sign bit is at pos (15 and 31 for 16-bit inputs, 31 for
+// float32), so (c << p) & (sign positions) is the lane's mask: L <= 16 keeps the two halves'
+// bits apart (L <= 32 for float32). Built at compile time from TQ_SIGNS.
+#define TQ_SIGN_WORDS (!TQ_KEY_FP8 && (KV_IN_DTYPE == 0 ? TQ_L <= 32 : (TQ_L <= 16 && TQ_E % 2 == 0)))
+#if TQ_SIGN_WORDS
+#define TQ_SW_N KvInputWords<KV_IN_DTYPE, TQ_E>::n
+struct KvTqSignWords {
+    unsigned int c[TQ_RPW][TQ_SW_N];
+};
+__host__ __device__ constexpr KvTqSignWords kv_tq_sign_words() {
+    KvTqSignWords m{};
+    constexpr int s[KV_HEAD_DIM] = TQ_SIGNS;
+    constexpr int per = KV_IN_DTYPE == 0 ? 1 : 2;  // elements per word
+    for (int r = 0; r < TQ_RPW; ++r)
+        for (int w = 0; w < TQ_SW_N; ++w)
+            for (int p = 0; p < TQ_L; ++p)
+                for (int k = 0; k < per; ++k) {
+                    const int i = (p + TQ_L * r) * TQ_E + w * per + k;
+                    const int pos = per == 1 ? 31 : 15 + 16 * k;
+                    if (s[i] < 0) m.c[r][w] |= 1u << (pos - p);
+                }
+    return m;
+}
+#endif
+
+// Codes packed from fma bit patterns: g_j = RINT_MAGIC_BITS + k_j (k_j < 2^b), so
+// sum_j g_j << (b j) = sum_j k_j << (b j) + sum_j RINT_MAGIC_BITS << (b j) (mod 2^32: the codes'
+// fields are disjoint, the magic's bits only carry upwards): one shifted add (LEA) per code and
+// one subtract per piece, where a mask, a shift and a merge were three (arch_models
+// tq_pack_magic_codes, tested against the plain packing).
+template <int BITS, int E>
+__host__ __device__ constexpr unsigned int kv_tq_magic_junk() {
+    unsigned int c = 0u;
+    for (int j = 0; j < E; ++j) c += (unsigned int)((unsigned long long)TQ_RINT_MAGIC_BITS << (BITS * j));
+    return c;
+}
 #endif
 
 
@@ -241,8 +306,23 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
     float x[R][TQ_E];
     KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- K ----
+#if TQ_VARIANT >= 3 && TQ_SIGN_WORDS
+    {
+        constexpr KvTqSignWords sw = kv_tq_sign_words();
+        constexpr unsigned int pos = KV_IN_DTYPE == 0 ? 0x80000000u : 0x80008000u;
+        const unsigned int p2 = 1u << p;  // (c << p) as c * 2^p: one IMAD with c immediate
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            unsigned int fw[TQ_SW_N];
+#pragma unroll
+            for (int w = 0; w < TQ_SW_N; ++w) fw[w] = kw[r][w] ^ ((sw.c[r][w] * p2) & pos);
+            kv_widen_input_words<KV_IN_DTYPE, TQ_E, TQ_NAN_PAYLOAD>(fw, x[r]);
+        }
+    }
+#else
 #pragma unroll
     for (int r = 0; r < R; ++r) kv_widen_input_words<KV_IN_DTYPE, TQ_E, TQ_NAN_PAYLOAD>(kw[r], x[r]);
+#endif
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
@@ -270,6 +350,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #else
     {
         const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
+#if !(TQ_VARIANT >= 3 && TQ_SIGN_WORDS)  // else the signs are in x already (see above)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const int i0 = (p + L * r) * TQ_E;
@@ -277,13 +358,48 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #pragma unroll
             for (int j = 0; j < TQ_E; ++j) x[r][j] = __fmul_rn(x[r][j], ((sbits >> j) & 1u) ? -1.0f : 1.0f);
         }
+#endif
         kv_vlane_fwht<R, TQ_E>(x);
         const float den = __fmul_rn(TQ_SQRT_D, n);
         // acc[r]: spec lane (p + L r)'s running sum of its centroids' squares (kv_vlane_sum's
         // first step, in its order), so the squares need no registers of their own.
         float acc[R];
         bool done = false;  // this lane's codes and acc hold the spec's values
-#if TQ_VARIANT == 2 && TQ_BKT
+#if TQ_VARIANT >= 3 && TQ_BKT
+        if (den != 0.0f) {
+            // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_key_index_v3,
+            // where the proof is): the cell from t by kv_tq_cell_v3; d = RN(mid - t r) by one fma
+            // (the product exact), within 2^-22 of mid - y (y the spec's RN(t / den)) where it
+            // matters, so where |d| > TQ_NEAR_KEY the sign of d is that of mid - y: the code is
+            // base + (d < 0), its sign bit (one LEA.HI), and c[base + (d < 0)]^2 enters cn. A
+            // cell without a midpoint holds +inf: d = +inf, code base, never near. Else (rare)
+            // this lane takes the exact path below. No NaN reaches here (a NaN or infinite
+            // element makes n, then den, NaN or infinite: dv.ok fails); a NaN would read cell 0.
+            const KvDivisor dv = kv_divisor(den);
+            bool ok = dv.ok;
+            const float ra = __fmul_rn(dv.y, TQ_BKT_UA);  // exact: a power of two
+            // The table's base minus the magic's bits times 16, in a register the compiler cannot
+            // see through (else it re-splits the sum into a LEA on the shared window's base and
+            // an add per element).
+            unsigned int tab;
+            asm("mov.b32 %0, %1;" : "=r"(tab) : "r"((unsigned int)__cvta_generic_to_shared(s_cell) - TQ_RINT_MAGIC_BITS * 16u));
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float t = x[r][j];
+                    const uint4 e = kv_tq_cell_v3(t, ra, tab);
+                    const float d = __fmaf_rn(-t, dv.y, __uint_as_float(e.x));
+                    const unsigned int code = e.y + (__float_as_uint(d) >> 31);
+                    c[r] = j == 0 ? (KvTqPiece)code : c[r] + ((KvTqPiece)code << (TQ_KEY_BITS * j));
+                    ok = ok && !(fabsf(d) <= TQ_NEAR_KEY);
+                    const float sq = d < 0.0f ? __uint_as_float(e.w) : __uint_as_float(e.z);
+                    acc[r] = j == 0 ? sq : __fadd_rn(acc[r], sq);
+                }
+            }
+            done = ok;
+        }
+#elif TQ_VARIANT == 2 && TQ_BKT
         if (den != 0.0f) {
             // Near decisions (kvkit/formats/arch_models.py tq_near_key_index, where the proof
             // is): yq = RN(t * RN(1 / den)) is within 2^-21 of the spec's y = RN(t / den) where
@@ -428,7 +544,33 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         // the scale is out of kv_divisor's range (row-uniform).
         const KvDivisor dv = kv_divisor(scale);
         bool done = false;  // c holds the spec's codes
-#if TQ_VARIANT == 2
+#if TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
+        if (dv.ok) {
+            // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_value_codes_v3,
+            // where the proof is): with a = RN(v - lo) (the spec's) and r = RN(1 / scale),
+            // g = RN(a r + 1.5 * 2^23) holds k = rint(a r) in its low bits (the product exact),
+            // and e = RN(a r - k) (k = g - 1.5 * 2^23, exact) is within 2^-25 of a r - k; where
+            // |e| < 1/2 - TQ_NEAR_VALUE, a r + 1/2 and then the spec's Z = RN(RN(w) + 0.5) stay
+            // inside (k, k + 1), so floor(Z) = k (0 <= k <= top, no clamp). A NaN element
+            // gives a NaN e: not ok. Codes packed from g's bits (kv_tq_magic_junk).
+            bool ok = true;
+            constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                unsigned int pc = 0u;
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float a = __fsub_rn(x[r][j], vlo);
+                    const float g = __fmaf_rn(a, dv.y, TQ_RINT_MAGIC);
+                    const float e = __fmaf_rn(a, dv.y, -__fsub_rn(g, TQ_RINT_MAGIC));
+                    pc = j == 0 ? __float_as_uint(g) : pc + (__float_as_uint(g) << (TQ_VALUE_BITS * j));
+                    ok = ok && fabsf(e) < 0.5f - TQ_NEAR_VALUE;
+                }
+                c[r] = (KvTqPiece)(pc - junk);
+            }
+            done = ok;
+        }
+#elif TQ_VARIANT >= 2
         if (dv.ok) {
             // Near decisions (kvkit/formats/arch_models.py tq_near_value_codes, where the proof
             // is): z = RN((v - lo) * RN(1 / scale) + 0.5) is within 2^-19 of w + 0.5, w the exact
@@ -595,7 +737,16 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
                                        KvUDiv{n_heads, heads_m, heads_s1, heads_s2},
                                        KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &h, &blk, &off);
+#if TQ_VARIANT >= 3
+    // 0 <= h < H and 0 <= off < block_size: their products as unsigned 32 x 64-bit multiplies
+    // (the same bits mod 2^64 for any stride sign), without the sign extensions of signed ones.
+    unsigned char* dst = active ? slots + blk * s_stride_block
+                                      + (long long)((unsigned long long)(unsigned)h * (unsigned long long)s_stride_head)
+                                      + (long long)((unsigned long long)(unsigned)off * (unsigned long long)s_stride_token)
+                                : slots;
+#else
     unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+#endif
     const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
     const long long src = active ? row * KV_HEAD_DIM : 0;
     // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
@@ -611,6 +762,30 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const bool aligned =
         ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
     unsigned int kw[R][W], vw[R][W];
+#if TQ_VARIANT >= 3
+    // One branch per lane for all R pieces (active and aligned do not depend on r), where a
+    // branch per piece cost a BSSY / BSYNC pair and a test each.
+    if (active && aligned) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long i = src + (p + L * r) * TQ_E;
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
+            kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
+        }
+    } else if (active) {  // base pointers below ALIGN (views at odd element offsets)
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const long long i = src + (p + L * r) * TQ_E;
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, i, kw[r]);
+            kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, i, vw[r]);
+        }
+    } else {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
+    }
+#else
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const long long i = src + (p + L * r) * TQ_E;
@@ -625,6 +800,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
             for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
         }
     }
+#endif
 
     // Slot stores are 16-bit when the slot's address is even (always, unless a plane is a byte
     // view at an odd offset): one warp-uniform branch to a body with the stores fixed, where

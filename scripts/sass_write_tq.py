@@ -12,7 +12,8 @@ extreme, every near decision holding (variant 2). A conditional branch is decide
 (source line of the branch, the instruction that set its predicate, the branch text); one no
 rule covers is printed as NO RULE and falls through: check the list (--branches) when the
 kernel changes. The count is warp instructions for TQ_RPW rows (one warp), split by phase
-(the innermost source line inside kv_tq_keys / kv_tq_values / the kernel body, by markers).
+(the innermost source line inside kv_tq_keys / kv_tq_values / the kernel body, by markers);
+the static count (every instruction of the kernel, cold paths included) is printed beside it.
 """
 
 from __future__ import annotations
@@ -185,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
             n, mix, lines = walk(ins, labels, src, args.show, args.branches)
             ph = phases(lines, src)
             head = f"{name} D={args.head_dim} dtype={args.dtype} {args.arch} variant {v}"
-            print(f"{head}: registers {regs}, spill bytes {spills}, common path {n} warp instr.")
+            print(f"{head}: registers {regs}, spill bytes {spills}, common path {n} warp instr., "
+                  f"{len(ins)} static instr.")  # fmt: skip
             print(
                 "    " + ", ".join(f"{p} {c}" for p, c in sorted(ph.items(), key=lambda x: -x[1]))
             )

@@ -174,16 +174,24 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: 10, scripts/write_ab.py, 4M token-heads, page-ordered slots), variant 0 / 1 / 2 ms: 4bit_nc
 #: 1.558 / 1.468 / 1.379, 3bit_nc 1.768 / 1.681 / 1.569, k3v4 1.636 / 1.770 / 1.429, k8v4
 #: 1.350 / 1.458 / 1.240 (variant 1's k3v4 / k8v4 runs spread over 1.26-2.01 ms).
+#: 3 (branch tqw2, compiled, not yet measured) = 2 with cheaper near decisions: key cells from a
+#: saturating fma of t (no clamp, no product yq), the key comparison by the sign of one fma
+#: RN(mid - t r) (arch_models.tq_near_key_index_v3; cells without a midpoint hold +inf, not
+#: NaN), value codes as rint(a r) from one fma with the 1.5 * 2^23 magic and the near test on
+#: RN(a r - rint(a r)) (tq_near_value_codes_v3), codes packed by shifted adds of the fma's bit
+#: patterns (tq_pack_magic_codes), and the rotation signs XORed into the input words before
+#: widening (two integer instructions per word instead of a select and a multiply per element).
 TQ_VARIANT_DEFAULT = 2
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
     """``TQ_VARIANT`` of ``kvkit_write_turboquant`` (see TQ_VARIANT_DEFAULT): the environment's
-    KVKIT_WRITE_TQ_VARIANT (0, 1 or 2) or the default; 2 falls back to 1 for MSE keys without a
-    cell table (the near decisions need one) whose table fails ``tq_near_table_ok``."""
-    override = _env_int("KVKIT_WRITE_TQ_VARIANT", (0, 1, 2))
+    KVKIT_WRITE_TQ_VARIANT (0, 1, 2 or 3) or the default; 2 and 3 fall back to 1 for MSE keys
+    without a cell table (the near decisions need one) or whose table fails
+    ``tq_near_table_ok``."""
+    override = _env_int("KVKIT_WRITE_TQ_VARIANT", (0, 1, 2, 3))
     v = TQ_VARIANT_DEFAULT if override is None else override
-    if v == 2 and fmt.key_kind == "mse":
+    if v >= 2 and fmt.key_kind == "mse":
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)
         if table is None or not tq_near_table_ok(table):
             return 1
@@ -204,19 +212,26 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_MIN_CTAS": str(others),
         "TQ_MIN_CTAS_SM90": str(sm90),
         "TQ_NEAR_VALUE": cuda_float(TQ_NEAR_VALUE),
+        "TQ_RINT_MAGIC": cuda_float(BKT_MAGIC),
+        "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",
     }
-    d.update(_tq_bucket_defines(fmt))
+    d.update(_tq_bucket_defines(fmt, int(d["TQ_VARIANT"]) >= 3))
     return d
 
 
 @cache
-def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
+def _tq_bucket_defines(fmt: TurboQuantFormat, inf_gaps: bool = False) -> dict[str, str]:
     """The cell-table defines of an MSE-key format (empty without a table); cached per format,
-    as the table costs host time on every write call otherwise. Callers copy, never mutate."""
+    as the table costs host time on every write call otherwise. Callers copy, never mutate.
+    inf_gaps (variant 3): a cell without a midpoint holds +inf instead of NaN, so the sign of
+    RN(mid - t r) is a defined 0 there (arch_models.tq_near_key_index_v3)."""
     d: dict[str, str] = {}
     table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
     if table is not None:
-        mid_bits = table.mid.view(np.uint32)
+        mid = (
+            np.where(np.isnan(table.mid), np.float32(np.inf), table.mid) if inf_gaps else table.mid
+        )
+        mid_bits = np.asarray(mid, np.float32).view(np.uint32)
         cells = ",".join(
             f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
             for m, b, lo, hi in zip(mid_bits, table.base, table.sq_lo, table.sq_hi)
@@ -228,6 +243,8 @@ def _tq_bucket_defines(fmt: TurboQuantFormat) -> dict[str, str]:
             TQ_BKT_CLAMP=cuda_float(table.clamp),
             TQ_BKT_MAGIC=cuda_float(BKT_MAGIC),
             TQ_BKT_BIAS=str(BKT_MAGIC_BITS - table.half),
+            TQ_BKT_UA=cuda_float(0.5 / float(table.clamp)),
+            TQ_BKT_UW=cuda_float(2 * table.half),
             TQ_BKT_TABLE="{" + cells + "}",
             TQ_NEAR_KEY=cuda_float(TQ_NEAR_KEY),
         )

@@ -594,3 +594,125 @@ def tq_near_value_codes(
         ok = np.abs(d) < np.float32(0.5) - TQ_NEAR_VALUE
         codes = np.where(np.isnan(fl), 0, fl).astype(np.int64) & int(top)
     return codes, ok & row_ok[..., None]
+
+
+# --- TurboQuant near decisions, variant 3 (cuda_src/write_turboquant.cu, TQ_VARIANT 3) --------
+
+
+def tq_near_key_index_v3(
+    t: np.ndarray, den, table: BucketTable
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Variant 3's near key decision (kv_tq_cell_v3 and the loop after it) for rotated elements
+    t (float32) and the row's den (float32, broadcasts): (index, the centroid whose square
+    enters cn, ok). Where ok the kernel keeps both; elsewhere the lane divides exactly.
+
+    Per element, with r = RN(1 / den) and ra = r / (2 clamp) (exact, a power of two):
+    u = sat(RN(t ra + 0.5)) (NaN -> 0), cell = rint(u * 2 half) (exact product, the magic's
+    rounding, ties to even), d = RN(mid[cell] - t r) (one fma; +inf in cells without a
+    midpoint), index = base[cell] + signbit(d), centroid c[index], ok = |d| > TQ_NEAR_KEY.
+
+    Why index is the spec's #{midpoints <= y}, y = RN(t / den), where ok (den in [2^-40, 2^40],
+    t finite: the kernel's near path sees no other t, since a NaN or infinite element, or a
+    square that overflows, makes n and then den NaN or infinite). Let p = t r (real). Where
+    |t / den| <= 2: |p - t / den| <= 2^-24 |t / den| (r within half an ulp of 1 / den) and
+    |y - t / den| <= 2^-24 |t / den| + 2^-150, so |p - y| < 2^-22. The cell argument
+    yc = (u - 1/2) 2 clamp lies within 2^-25 * 2 clamp <= 2^-24 of clamp(p) (the sum's
+    rounding, |u| < 1), so within 2^-21 of clamp(y); beyond |t / den| > 2 both p and y are past
+    the clamp on one side and yc is that end exactly. (a) yc and y in one cell: |d| > 2^-20
+    means |mid - p| >= 2^-20 > |p - y| (RN is monotone and 2^-20 a float), so d, mid - p and
+    mid - y have one sign, nonzero: signbit(d) = (mid < y) = (mid <= y). (b) different cells:
+    an edge e lies between yc and clamp(y), |yc - clamp(y)| < 2^-21, and every midpoint is
+    more than TQ_NEAR_EDGE = 2^-16 from e (tq_near_table_ok): the midpoints below e are < y and
+    < p, those above are > y and > p, so base[cell] + (mid[cell] < p) counts the midpoints
+    <= y. A zero d (mid = p exactly) is near. +inf in a gap cell: d = +inf, sign 0, not near.
+    """
+    t = np.asarray(t, np.float32)
+    den = np.broadcast_to(np.asarray(den, np.float32), t.shape)
+    with np.errstate(all="ignore"):
+        row_ok = (den >= DIV_LO) & (den <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, den, np.float32(1))).astype(np.float32)
+        ra = (r * np.float32(0.5 / float(table.clamp))).astype(np.float32)
+        u = fma_f32(t, ra, np.float32(0.5))
+        u = np.where(np.isnan(u), np.float32(0), np.clip(u, np.float32(0), np.float32(1)))
+        cell = np.rint(u.astype(np.float64) * float(2 * table.half)).astype(np.int64)
+        mid = np.where(np.isnan(table.mid), np.float32(np.inf), table.mid).astype(np.float32)[cell]
+        d = fma_f32(-t, r, mid)
+        neg = np.signbit(d)
+        near = np.abs(d) <= TQ_NEAR_KEY  # as the kernel's test (no NaN d: mid +inf, t finite)
+    idx = table.base[cell].astype(np.int64) + neg.astype(np.int64)
+    cent = np.where(neg, table.cent_hi[cell], table.cent_lo[cell])
+    return idx, cent, row_ok & ~near & np.isfinite(t)
+
+
+#: The rint magic of variant 3's value codes (the cell table's: 1.5 * 2^23).
+TQ_RINT_MAGIC = BKT_MAGIC
+TQ_RINT_MAGIC_BITS = BKT_MAGIC_BITS
+
+
+def tq_near_value_codes_v3(
+    v: np.ndarray, bits: int, floor_scale: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Variant 3's near value decision for rows v (..., D) float32: (codes, g bit patterns,
+    ok) per element. With a = RN(v - lo) (the spec's), r = RN(1 / scale): g = RN(a r + 1.5 * 2^23)
+    (one fma: its low bits are k = rint(a r), ties to even, while 0 <= a r < 2^22),
+    e = RN(a r - k) (one fma; k = g - 1.5 * 2^23 is exact), ok = |e| < 1/2 - TQ_NEAR_VALUE.
+
+    Why k is the spec's floor(Z), Z = RN(RN(w) + 0.5), w = a / scale (real), where ok:
+    0 <= w <= 15 (1 + 2^-22) (tq_near_value_codes), |a r - w| <= 2^-24 w < 2^-19.9, and
+    |Z - (w + 1/2)| <= 2^-20 (two roundings of values below 16). e is within 2^-25 of
+    a r - k (|e| < 1/2), so a r - k lies in (-1/2 + 2^-16 - 2^-25, 1/2 - 2^-16 + 2^-25) and
+    w + 1/2 - k, then Z - k, in (2^-16 - 2^-19, 1 - 2^-16 + 2^-19) within (0, 1): floor(Z) = k,
+    and 0 <= k <= top (a r < 15.5), so no clamp applies. A NaN element gives a NaN e: not ok.
+    """
+    v = np.asarray(v, np.float32)
+    top = np.float32((1 << bits) - 1)
+    with np.errstate(all="ignore"):
+        lo = np.fmin.reduce(v, axis=-1)
+        hi = np.fmax.reduce(v, axis=-1)
+        scale = ((hi - lo) / top).astype(np.float32)
+        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
+        scale = scale.astype(np.float32)
+        row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
+        a = (v - lo[..., None]).astype(np.float32)
+        rr = np.broadcast_to(r[..., None], a.shape)
+        g = fma_f32(a, rr, TQ_RINT_MAGIC)
+        k = (g - TQ_RINT_MAGIC).astype(np.float32)
+        e = fma_f32(a, rr, -k)
+        ok = np.abs(e) < np.float32(0.5) - TQ_NEAR_VALUE
+        gb = g.view(np.uint32).astype(np.int64)
+        codes = gb - TQ_RINT_MAGIC_BITS
+    return codes, gb.astype(np.uint32), ok & row_ok[..., None]
+
+
+def tq_pack_magic_codes(g: np.ndarray, bits: int) -> np.ndarray:
+    """Variant 3's packing of E magic bit patterns g (..., E) uint32 (g_j = 1.5 * 2^23's bits +
+    k_j, k_j < 2^bits, E * bits <= 32) as the kernel computes it in 32-bit registers:
+    sum_j (g_j << bits j) - sum_j (magic bits << bits j), mod 2^32 (kv_tq_magic_junk)."""
+    g = np.asarray(g, np.uint64)
+    e = g.shape[-1]
+    mask = np.uint64(0xFFFFFFFF)
+    acc = np.zeros(g.shape[:-1], np.uint64)
+    junk = 0
+    for j in range(e):
+        acc = (acc + ((g[..., j] << np.uint64(bits * j)) & mask)) & mask
+        junk = (junk + ((TQ_RINT_MAGIC_BITS << (bits * j)) & 0xFFFFFFFF)) & 0xFFFFFFFF
+    return ((acc - np.uint64(junk)) & mask).astype(np.uint32)
+
+
+def tq_sign_words(signs, lanes: int, rows: int, e: int, word_bits: int) -> np.ndarray:
+    """write_turboquant.cu kv_tq_sign_words: c[r][w] (rows, words) uint32 with bit (pos - p) set
+    where element (p + lanes r) e + w per + k has sign -1 (per = 32 // word_bits elements a
+    word, pos = word_bits (k + 1) - 1: each element's sign bit in the input word)."""
+    s = np.asarray(signs)
+    per = 32 // word_bits
+    words = e // per
+    c = np.zeros((rows, words), np.uint64)
+    for r in range(rows):
+        for w in range(words):
+            for p in range(lanes):
+                for k in range(per):
+                    i = (p + lanes * r) * e + w * per + k
+                    if s[i] < 0:
+                        c[r, w] |= np.uint64(1 << (word_bits * (k + 1) - 1 - p))
+    return c.astype(np.uint32)

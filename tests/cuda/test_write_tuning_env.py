@@ -58,7 +58,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "3")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "4")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -97,6 +97,11 @@ def test_variant_default_and_override(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "2")
     fmt = formats.get("turboquant_4bit_nc", 128)
     assert "TQ_NEAR_KEY" in tq_launch_defines(fmt, "1")
+    # Variant 3: cells without a midpoint hold +inf (0x7F800000), not NaN, in its table.
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "3")
+    d = tq_launch_defines(fmt, "1")
+    assert d["TQ_VARIANT"] == "3" and "0x7F800000u" in d["TQ_BKT_TABLE"]
+    assert "0x7FC00000u" not in d["TQ_BKT_TABLE"] and "TQ_BKT_UA" in d
 
 
 def test_dense_variant_default_and_override(monkeypatch):
