@@ -187,6 +187,10 @@ COMMON_TAKEN = (
     "if (sub)",  # slab planes by warp sub-runs
     "if (slabs) {",  # bulk builds with warp slabs (decode_core.cuh issue_bulk_slabs)
     "if (block_size <= kvd::TILE)",  # issue_bulk_slabs: pages of <= TILE tokens
+    "else if (sub)",  # the same, after the row-runs test (decode_core.cuh KvTilePipe::issue)
+    "else if (fast)",  # row planes of a fast launch (formats without slab planes: before this
+    # line was listed the walk of fp16 / bf16 / fp8 went through the synchronous fallback)
+    "if (kvd::ROW_RUNS && runs",  # row runs (KVD_ROW_RUNS_ON=1 builds, tiles of 16 k tokens)
     "const int idx = bt_sh >= 0",  # power-of-two pages: the ring's page index by a shift
     "float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];",  # no soft-cap
     "if (!full) {",  # a fully visible tile

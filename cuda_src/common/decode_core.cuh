@@ -134,6 +134,12 @@
 #define KVD_BULK_WARP_RUNS_ON 1
 #endif
 #define KVD_BULK_WARP_RUNS (KVD_BULK && KVD_BULK_WARP_RUNS_ON)
+// Row runs (the cp.async path of row planes, kv_issue_plane): the launcher turns them on per
+// format (KVKIT_DECODE_ROW_RUNS, kvkit/cuda/decode.py); launches with bulk copies never
+// take them, so those builds are the code without them.
+#ifndef KVD_ROW_RUNS_ON
+#define KVD_ROW_RUNS_ON 0
+#endif
 
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
@@ -262,6 +268,27 @@ constexpr bool ROW_PLANES = (KV_P0_BYTES > 0 && KV_P0_BYTES % 16 == 0) ||
                             (KV_P3_BYTES > 0 && KV_P3_BYTES % 16 == 0);
 constexpr bool SLAB_PLANES = KV_P0_BYTES % 16 != 0 || KV_P1_BYTES % 16 != 0 ||
                              KV_P2_BYTES % 16 != 0 || KV_P3_BYTES % 16 != 0;
+// Row runs: a row plane of W bytes whose NCH = W / 16 chunks are a power of two >= 2 (so a
+// warp's 16 rows are NCH / 2 rounds of 32 chunks and lane l's chunks l + 32 k sit at the same
+// row and chunk offsets from its first one in every round: compile-time steps). Built only
+// for the mma core (one warp per 16 tokens) without bulk copies and when some plane qualifies.
+__host__ __device__ constexpr bool run_plane(int w) {
+    return w > 0 && w % 16 == 0 && (w / 16) % 2 == 0 && ((w / 16) & (w / 16 - 1)) == 0;
+}
+// (An enum, not a constexpr bool: NVRTC emits a namespace-scope constexpr variable whose
+// initializer calls a function as a PTX global, and the builds without row runs would differ
+// from the code before them by that line.)
+enum : bool {
+    ROW_RUNS = KVD_ROW_RUNS_ON && !KVD_BULK && SUB16 && TPT * 16 == KV_WARP &&
+               (run_plane(KV_P0_BYTES) || run_plane(KV_P1_BYTES) || run_plane(KV_P2_BYTES) ||
+                run_plane(KV_P3_BYTES)) &&
+               // the family's default staging rows (one unit of padding, no gaps: a family
+               // layout, decode_nvfp4.cu's warp slabs, keeps the per-token copies)
+               (!run_plane(KV_P0_BYTES) || (WP0 == KV_P0_BYTES + 16 && GP0 == 0)) &&
+               (!run_plane(KV_P1_BYTES) || (WP1 == KV_P1_BYTES + 16 && GP1 == 0)) &&
+               (!run_plane(KV_P2_BYTES) || (WP2 == KV_P2_BYTES + 16 && GP2 == 0)) &&
+               (!run_plane(KV_P3_BYTES) || (WP3 == KV_P3_BYTES + 16 && GP3 == 0))
+};
 // Pipeline depth: as many stages as fit 72 KB (2..4). Two CTAs per SM then keep 35-70 KB of
 // copies in flight per SM (Little's law at ~4.8 TB/s / 132 SMs x ~1 us needs ~36 KB) and
 // their shared memory still fits an H200 SM (228 KB) for every D <= 128 format.
@@ -473,6 +500,13 @@ __device__ __forceinline__ bool kv_plane_fast(int mode, int vec) {
     return W == 0 || (mode != KVD_MODE_SYNC && (vec & KVD_OFF32_BIT) != 0);
 }
 
+// Whether a plane allows row runs in a fast launch: planes that do not take them (other
+// widths) do not matter; those that do need token rows W bytes apart (KVD_SLAB_BIT).
+template <int W>
+__device__ __forceinline__ bool kv_plane_runs(int vec) {
+    return !kvd::run_plane(W) || (vec & KVD_SLAB_BIT) != 0;
+}
+
 // This thread's share of one tile's copies, the same for every plane: KvTilePipe::issue
 // works it out once per tile (the cp.async asm's memory clobber would make each plane read
 // tp again, and per-plane code would redo the thread's offsets).
@@ -500,6 +534,7 @@ struct KvIssueAt {
     int slab_j0;   // the thread's first piece of the run
     int slab_tpr;  // threads per run
     int sc;        // tokens per run
+    int run_l;     // row runs: the lane (threadIdx.x % 32)
 };
 
 // Address of byte `extra` of the row of (page, head kvh, token offset off) of a plane.
@@ -537,8 +572,9 @@ __device__ __forceinline__ const unsigned char* kv_row_src(const unsigned char* 
 // shared-window address is stage_sa). FAST: every plane of the launch copies asynchronously
 // with 32-bit offsets (KvTilePipe::fast), so the width alone gives the mode (kv_plane_mode:
 // whole 16-byte units take the row mode, other widths the slab mode) and no mode, offset
-// width or fallback is decided per plane and tile.
-template <int W, int WP, int GP, bool FAST, bool SUB = false>
+// width or fallback is decided per plane and tile. RUNS: the calling warp's 16 rows are one
+// run (KvTilePipe::issue checked it), copied as row runs where the width allows.
+template <int W, int WP, int GP, bool FAST, bool SUB = false, bool RUNS = false>
 __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned stage_sa,
                                                const unsigned char* base, long long sb,
                                                long long sh, long long st, int elem, int vec,
@@ -553,7 +589,43 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
             // immediate offsets of the copies), and each pair of neighbouring threads fills
             // whole 32-byte sectors.
             constexpr int NCH = W / 16;
-            if constexpr (FAST && NCH % kvd::TPT == 0) {
+            if constexpr (FAST && RUNS && kvd::run_plane(W)) {
+                // Row runs: the warp's 16 rows (tile tokens t16 .. t16 + 15, in-page offsets
+                // off16 .. off16 + 15 of one page) are 16 W contiguous bytes (token stride W:
+                // the launch checked the planes' slab bits), so chunk i of the run is at byte
+                // 16 i in the plane and lands in staging row t16 + i / NCH, chunk i % NCH.
+                // Lane l copies i = l + 32 k (k < NCH / 2): each copy instruction moves 512
+                // contiguous bytes (whole rows, 4 whole 128-byte lines), where the per-token
+                // mapping below touches 16 rows of 32 bytes. Same count of copies per thread,
+                // one address each for source and staging, compile-time steps. The run is
+                // whole or empty (KvTilePipe::issue sends partial runs to the per-token
+                // mapping), so the lane's own row's page is the run's page: zeros from page
+                // 0's rows without one, as below.
+                constexpr int RPI = NCH <= KV_WARP ? KV_WARP / NCH : 1;  // rows per round
+                constexpr int CPR = NCH <= KV_WARP ? 1 : NCH / KV_WARP;  // rounds per row
+                // The source address points BIAS bytes into the run when the last copy's
+                // offset would pass the copy instruction's immediate range (LDGSTS: signed,
+                // below 2 KB; a second 64-bit address costs two adds per plane).
+                constexpr int LAST = (NCH / 2 - 1) * KV_WARP * 16;
+                constexpr int BIAS = LAST > 2047 ? 2048 : 0;
+                const bool v = at.row_page >= 0;
+                // The run's first row: row_off and row_t agree modulo 16 (tiles start 16-token
+                // aligned in pages of a multiple of 16 tokens), and the run starts at a
+                // multiple of 16 in both. Lane l's chunk: byte 16 l of the run; in staging
+                // row l / NCH, chunk l % NCH, i.e. byte 16 l + 16 (l / NCH) of the run's rows
+                // (WP = W + 16: NCH is even, so the padded row is one unit longer).
+                static_assert(WP == W + 16 && GP == 0, "row runs: staging rows one unit longer, no gaps");
+                const unsigned l16 = 16u * (unsigned)at.run_l;
+                const unsigned src_x = ((unsigned)at.row_off & ~15u) * W + l16 + BIAS;
+                const unsigned char* src = kv_row_src<true>(base, sb, sh, 0, elem, kvh,
+                                                            v ? at.row_page : 0, 0, (int)src_x);
+                const unsigned dst = stage_sa + ((unsigned)at.row_t & ~15u) * WP + l16 +
+                                     (NCH <= KV_WARP ? (l16 / NCH) & ~15u : 0u);
+#pragma unroll
+                for (int k = 0; k < NCH / 2; ++k)
+                    kv_cp_async16_zfill(dst + (k / CPR) * RPI * WP + (k % CPR) * KV_WARP * 16,
+                                        src + k * KV_WARP * 16 - BIAS, at.row_page);
+            } else if constexpr (FAST && NCH % kvd::TPT == 0) {
                 // Rows without a page (or past the tile) get zeros from page 0's row instead
                 // of no copy (never read unmasked).
                 const bool v = at.row_page >= 0;
@@ -812,6 +884,8 @@ struct KvTilePipe {
     // the kernel parameters every tile (~11 uniform instructions per plane).
     unsigned long long sbase[4];
 #endif
+    bool runs;     // fast, pages of a multiple of 16 tokens and token-contiguous row planes:
+                   // kvd::ROW_RUNS builds copy whole warp runs as row runs
 #if KVD_BULK
     unsigned bar_sa;  // shared-window address of stage 0's mbarrier
 #endif
@@ -890,23 +964,23 @@ struct KvTilePipe {
         rw[2] = s + kvd::SO2 + t * rs[2] + (t >> 2) * kvd::GP2;
         rw[3] = s + kvd::SO3 + t * rs[3] + (t >> 2) * kvd::GP3;
     }
-    template <bool FAST, bool SUB = false>
+    template <bool FAST, bool SUB = false, bool RUNS = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,
                                            KV_PLANE_PARAM_DECL) {
         constexpr int SO1 = kvd::SO1;
         constexpr int SO2 = kvd::SO2;
         constexpr int SO3 = kvd::SO3;
-        kv_issue_plane<KV_P0_BYTES, kvd::WP0, kvd::GP0, FAST, SUB>(s, sa, p0, p0_sb, p0_sh, p0_st,
+        kv_issue_plane<KV_P0_BYTES, kvd::WP0, kvd::GP0, FAST, SUB, RUNS>(s, sa, p0, p0_sb, p0_sh, p0_st,
                                                          KV_P0_ELEM, p0_vec, md[0], kvh, at, tp,
                                                          t0, n, bs);
-        kv_issue_plane<KV_P1_BYTES, kvd::WP1, kvd::GP1, FAST, SUB>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
+        kv_issue_plane<KV_P1_BYTES, kvd::WP1, kvd::GP1, FAST, SUB, RUNS>(s + SO1, sa + SO1, p1, p1_sb, p1_sh,
                                                          p1_st, KV_P1_ELEM, p1_vec, md[1], kvh,
                                                          at, tp, t0, n, bs);
-        kv_issue_plane<KV_P2_BYTES, kvd::WP2, kvd::GP2, FAST, SUB>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
+        kv_issue_plane<KV_P2_BYTES, kvd::WP2, kvd::GP2, FAST, SUB, RUNS>(s + SO2, sa + SO2, p2, p2_sb, p2_sh,
                                                          p2_st, KV_P2_ELEM, p2_vec, md[2], kvh,
                                                          at, tp, t0, n, bs);
-        kv_issue_plane<KV_P3_BYTES, kvd::WP3, kvd::GP3, FAST, SUB>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
+        kv_issue_plane<KV_P3_BYTES, kvd::WP3, kvd::GP3, FAST, SUB, RUNS>(s + SO3, sa + SO3, p3, p3_sb, p3_sh,
                                                          p3_st, KV_P3_ELEM, p3_vec, md[3], kvh,
                                                          at, tp, t0, n, bs);
     }
@@ -1171,7 +1245,17 @@ struct KvTilePipe {
             }
 #endif
             // One uniform branch per tile picks the planes' code.
-            if (sub)
+            // Row runs for whole tiles: every warp's 16 rows (16 w ..) are in the tile, and
+            // with pages of a multiple of 16 tokens and page-aligned tiles they are one page's
+            // rows. Other tiles (a split's last; where the sequence end cuts a warp's rows)
+            // keep the per-token copies, which zero-fill by row. (n % 16 == 0, or a per-warp
+            // test, n <= 16 w || n >= 16 w + 16, would keep the row runs for more of them: one
+            // or three instructions per tile more, for one tile per split.)
+            constexpr bool RR = kvd::ROW_RUNS;
+            at.run_l = (int)(tid % KV_WARP);
+            if (RR && runs && n == kvd::TILE)
+                planes<true, SUB_OK, RR>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
+            else if (sub)
                 planes<true, SUB_OK>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
             else if (fast)
                 planes<true>(s, sa, at, tp, t0, n, kvh_t, bs, KV_PLANE_PARAMS);
@@ -1204,6 +1288,12 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
                kv_plane_slabs<KV_P1_BYTES>(p1_vec) && kv_plane_slabs<KV_P2_BYTES>(p2_vec) &&
                kv_plane_slabs<KV_P3_BYTES>(p3_vec);
 #endif
+    // Row runs: every row plane token-contiguous (the slab bit; with 16-byte rows that is
+    // what it adds) and pages of a multiple of 16 tokens.
+    constexpr bool RR = kvd::ROW_RUNS;
+    pp.runs = RR && pp.fast && (block_size & 15) == 0 &&
+              kv_plane_runs<KV_P0_BYTES>(p0_vec) && kv_plane_runs<KV_P1_BYTES>(p1_vec) &&
+              kv_plane_runs<KV_P2_BYTES>(p2_vec) && kv_plane_runs<KV_P3_BYTES>(p3_vec);
     pp.rs[0] = pp.md[0] == KVD_MODE_SLAB ? KV_P0_BYTES : kvd::WP0;
     pp.rs[1] = pp.md[1] == KVD_MODE_SLAB ? KV_P1_BYTES : kvd::WP1;
     pp.rs[2] = pp.md[2] == KVD_MODE_SLAB ? KV_P2_BYTES : kvd::WP2;

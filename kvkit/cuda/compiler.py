@@ -329,6 +329,11 @@ def representative_builds() -> list[tuple[str, str, dict[str, str]]]:
                     from .write import tq_launch_defines
 
                     defines.update(tq_launch_defines(formats.get(name, 128), "1"))
+                if kind == "decode":
+                    from .decode import ROW_RUNS_DEFAULT
+
+                    if name in ROW_RUNS_DEFAULT:  # as _stage1_for's default
+                        defines["KVD_ROW_RUNS_ON"] = "1"
                 builds.append((entry, name, defines))
     if (root / "decode_merge.cu").is_file():
         builds.append(("decode_merge.cu", "merge", {"KV_HEAD_DIM": "128"}))

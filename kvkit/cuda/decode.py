@@ -27,8 +27,10 @@ bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NV
 ``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1, pair by pair / eight codes at
 once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4's tile copies
 on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
-same staged bytes: all for A/B runs). With one split and no sinks stage 1 writes
-o and lse itself (no stage 2). Splits follow
+same staged bytes; ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
+copies off / on for every format (default: on for the formats in ``ROW_RUNS_DEFAULT``; same
+bits either way; no effect where the copy engine copies): all for A/B runs). With one split
+and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
 split axis is that count. Global scales fold into the softmax
@@ -229,6 +231,14 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
 #: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
 _stage1_fast: dict[tuple, tuple[object, object, int, int, int]] = {}
 
+#: Formats whose cp.async row planes are copied as row runs by default (decode_core.cuh
+#: kv_issue_plane: one copy instruction moves 512 contiguous bytes, whole rows, instead of
+#: 32 bytes of each of 16 rows; about 7 more warp instructions per warp-tile of address
+#: math). fp16 / bf16: their cp.async path (the sm_80 PTX path, GPUs without bulk copies) is
+#: memory-latency-bound; fp8 and NVFP4 (issue-bound natively) keep the per-token copies
+#: until a measurement says otherwise (benchmarks/NOTES.md, rows80).
+ROW_RUNS_DEFAULT = frozenset({"fp16", "bf16"})
+
 
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
     import cupy
@@ -242,12 +252,15 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     nvfp4_bulk = os.environ.get("KVKIT_DECODE_NVFP4_BULK", "")
     if nvfp4_bulk not in ("", "0", "1"):
         raise ValueError(f"KVKIT_DECODE_NVFP4_BULK={nvfp4_bulk!r}: want 0 or 1")
+    row_runs = os.environ.get("KVKIT_DECODE_ROW_RUNS", "")
+    if row_runs not in ("", "0", "1"):
+        raise ValueError(f"KVKIT_DECODE_ROW_RUNS={row_runs!r}: want 0 or 1")
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk,
+        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, row_runs,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -273,6 +286,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # NVFP4's tile copies on sm_90+ at D = 128: warp slabs by the copy engine (1, the
         # default) or cp.async pieces (0) (decode_nvfp4.cu KV_NVFP4_BULK; A/B runs).
         defines["KVKIT_DECODE_NVFP4_BULK"] = nvfp4_bulk
+    if row_runs == "1" or (not row_runs and fmt.name in ROW_RUNS_DEFAULT):
+        # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
+        defines["KVD_ROW_RUNS_ON"] = "1"
     func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
     return func, smem, threads, tile

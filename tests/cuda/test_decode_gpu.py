@@ -454,6 +454,37 @@ def test_warp_run_bulk_copies_match_per_thread_copies(cp, name, block_size, monk
         assert lse_error(lse_runs, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "nvfp4"])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_row_run_copies_match_per_token_copies(cp, name, block_size, head_dim, monkeypatch):
+    """The cp.async row planes (fp16 / bf16 rows where the copy engine does not copy: the
+    sm_80 PTX path, KVKIT_ARCH=sm_80; fp8 rows and NVFP4 code rows everywhere) of whole tiles
+    are copied as row runs (decode_core.cuh kv_issue_plane: lane l takes chunks l + 32 k of its
+    warp's 16 rows) with KVKIT_DECODE_ROW_RUNS=1 and per token (TPT threads per row) with =0.
+    Same staged bytes, so the results are identical bit for bit: whole tiles, the tiles the
+    sequence end cuts (per-token copies, zero-filled rows), pages of one tile's part, of one
+    tile and of two tiles (row offsets per tile), one and three splits. 64-, 128-, 256- and
+    512-byte rows (NCH = 4 .. 32 chunks; NVFP4 at D = 64: 2). On GPUs with bulk copies the
+    fp16 / bf16 cases run the copy engine in both builds."""
+    group = 2 if head_dim == 256 else 4
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 3, 128],
+                seed=block_size + head_dim)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.setenv("KVKIT_DECODE_ROW_RUNS", "1")
+        o_runs, lse_runs = case.run(num_splits)
+        assert case.flag() == 0
+        monkeypatch.setenv("KVKIT_DECODE_ROW_RUNS", "0")
+        o_rows, lse_rows = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(o_runs, o_rows)
+        np.testing.assert_array_equal(lse_runs, lse_rows)
+        assert rel_error(o_runs, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse_runs, ref_lse) <= DECODE_GPU_RTOL
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
                                   "turboquant_k8v4", "fp8_e4m3", "fp16", "bf16"])  # fmt: skip
 @pytest.mark.parametrize("group, q_len, window, sinks, softcap, block_size", [
