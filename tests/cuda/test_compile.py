@@ -185,8 +185,11 @@ def test_tensor_core_decode_does_not_spill(arch):
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "-runs": the
     # row runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by
     # default, fp8 / NVFP4 for A/B runs).
-    switches = {"unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
-                "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"), "runs": ("KVD_ROW_RUNS_ON", "1")}
+    switches = {
+        "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
+        "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
+        "runs": ("KVD_ROW_RUNS_ON", "1"),
+    }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs", "nvfp4",
                  "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", *TQ):  # fmt: skip
         name, _, switch = name.partition("-")
