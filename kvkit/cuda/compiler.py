@@ -330,9 +330,9 @@ def representative_builds() -> list[tuple[str, str, dict[str, str]]]:
 
                     defines.update(tq_launch_defines(formats.get(name, 128), "1"))
                 if kind == "decode":
-                    from .decode import ROW_RUNS_DEFAULT
+                    from .decode import row_runs_default
 
-                    if name in ROW_RUNS_DEFAULT:  # as _stage1_for's default
+                    if row_runs_default(formats.get(name, 128)):  # as _stage1_for's default
                         defines["KVD_ROW_RUNS_ON"] = "1"
                 builds.append((entry, name, defines))
     if (root / "decode_merge.cu").is_file():

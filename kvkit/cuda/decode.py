@@ -28,7 +28,7 @@ bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NV
 once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4's tile copies
 on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
 same staged bytes; ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
-copies off / on for every format (default: on for the formats in ``ROW_RUNS_DEFAULT``; same
+copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies): all for A/B runs). With one split
 and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -231,13 +231,27 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
 #: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
 _stage1_fast: dict[tuple, tuple[object, object, int, int, int]] = {}
 
-#: Formats whose cp.async row planes are copied as row runs by default (decode_core.cuh
+#: Narrowest cp.async row plane (bytes per token) copied as row runs by default (decode_core.cuh
 #: kv_issue_plane: one copy instruction moves 512 contiguous bytes, whole rows, instead of
-#: 32 bytes of each of 16 rows; about 7 more warp instructions per warp-tile of address
-#: math). fp16 / bf16: their cp.async path (the sm_80 PTX path, GPUs without bulk copies) is
-#: memory-latency-bound; fp8 and NVFP4 (issue-bound natively) keep the per-token copies
-#: until a measurement says otherwise (benchmarks/NOTES.md, rows80).
-ROW_RUNS_DEFAULT = frozenset({"fp16", "bf16"})
+#: 32 bytes of each of 16 rows; a few more warp instructions per warp-tile of address math).
+#: Measured on the H200 (session 11, benchmarks/NOTES.md "Session 11"), graph ms without /
+#: with row runs: fp8 (64, 8192) 0.406 / 0.268, (1, 131072) 0.117 / 0.082, D = 64 0.060 /
+#: 0.050; NVFP4 at D = 256 (128-byte code rows) 0.161 / 0.127, but at D = 64 (32-byte rows:
+#: one chunk pair per row, nothing to gain) 0.0559 / 0.0575; through sm_80 fp16 / bf16 0.807
+#: / 0.533 and NVFP4 D = 128 0.303 / 0.290. So every format whose row planes are all at least
+#: this wide takes them (fp16, bf16, fp8 at every D; NVFP4 from D = 128).
+ROW_RUNS_MIN_WIDTH = 64
+
+
+def row_runs_default(fmt) -> bool:
+    """Whether ``fmt``'s decode copies its row planes as row runs unless KVKIT_DECODE_ROW_RUNS
+    says otherwise: when all of them are ROW_RUNS_MIN_WIDTH bytes or wider. Formats without
+    such planes (TurboQuant slots) are unaffected either way."""
+    # The kernel's row-run planes (decode_core.cuh kvd::run_plane): whole 16-byte chunks, an
+    # even power of two of them (NVFP4's 16-byte scale rows at D = 256 keep their copies).
+    chunks = [p.width // 16 for p in fmt.planes.values() if p.width % 16 == 0]
+    widths = [16 * c for c in chunks if c >= 2 and c & (c - 1) == 0]
+    return bool(widths) and min(widths) >= ROW_RUNS_MIN_WIDTH
 
 
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
@@ -286,7 +300,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # NVFP4's tile copies on sm_90+ at D = 128: warp slabs by the copy engine (1, the
         # default) or cp.async pieces (0) (decode_nvfp4.cu KV_NVFP4_BULK; A/B runs).
         defines["KVKIT_DECODE_NVFP4_BULK"] = nvfp4_bulk
-    if row_runs == "1" or (not row_runs and fmt.name in ROW_RUNS_DEFAULT):
+    if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"
     func, smem, threads, tile = _stage1_kernel(entry, kname, defines)

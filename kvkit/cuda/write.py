@@ -174,14 +174,17 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: 10, scripts/write_ab.py, 4M token-heads, page-ordered slots), variant 0 / 1 / 2 ms: 4bit_nc
 #: 1.558 / 1.468 / 1.379, 3bit_nc 1.768 / 1.681 / 1.569, k3v4 1.636 / 1.770 / 1.429, k8v4
 #: 1.350 / 1.458 / 1.240 (variant 1's k3v4 / k8v4 runs spread over 1.26-2.01 ms).
-#: 3 (branch tqw2, compiled, not yet measured) = 2 with cheaper near decisions: key cells from a
+#: 3 (default since session 11) = 2 with cheaper near decisions: key cells from a
 #: saturating fma of t (no clamp, no product yq), the key comparison by the sign of one fma
 #: RN(mid - t r) (arch_models.tq_near_key_index_v3; cells without a midpoint hold +inf, not
 #: NaN), value codes as rint(a r) from one fma with the 1.5 * 2^23 magic and the near test on
 #: RN(a r - rint(a r)) (tq_near_value_codes_v3), codes packed by shifted adds of the fma's bit
 #: patterns (tq_pack_magic_codes), and the rotation signs XORed into the input words before
 #: widening (two integer instructions per word instead of a select and a multiply per element).
-TQ_VARIANT_DEFAULT = 2
+#: Measured on the H200 (session 11, write_ab.py, same settings), variant 2 / 3 ms over 6
+#: rounds: 4bit_nc 1.384 / 1.246, k3v4 1.446 / 1.316, k8v4 1.253 / 1.195; over 3 rounds 3bit_nc
+#: 1.539 / 1.433. The GPU write tests passed under it natively and through sm_80.
+TQ_VARIANT_DEFAULT = 3
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:

@@ -87,9 +87,9 @@ def test_nvfp4_blocks_per_thread(monkeypatch):
 
 def test_variant_default_and_override(monkeypatch):
     fmt = formats.get("turboquant_4bit_nc", 128)
-    assert tq_variant(fmt) == TQ_VARIANT_DEFAULT == 2
-    assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "2"
-    for v in ("0", "1"):
+    assert tq_variant(fmt) == TQ_VARIANT_DEFAULT == 3
+    assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "3"
+    for v in ("0", "1", "2"):
         monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", v)
         assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == v
         assert tq_variant(formats.get("turboquant_k8v4", 128)) == int(v)  # FP8 keys: values only
