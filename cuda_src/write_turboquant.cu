@@ -74,7 +74,9 @@
 // decisions of keys (TQ_BKT) and values (see kv_tq_rows); 3 = 2 with cheaper near decisions
 // (kv_tq_cell_v3, the loops under TQ_VARIANT >= 3), the rotation signs XORed into the input
 // words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
-// branch for all row pieces.
+// branch for all row pieces; 4 = 3 with codes packed by windows where a plane's 16-bit units
+// each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
+// and 256, 4-bit at D = 64) and the exact key fallback dividing in place.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
