@@ -99,6 +99,14 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // 2^e (max |c| to [2^14, 2^15)) and split hi + lo in fp16, one table word per code.
 #define KV_MMA 1
 #define KV_MMA_VCODES 1
+// -DKVKIT_DECODE_TQ_VARIANT (kvkit/cuda/decode.py; A/B runs): 1, the default, packs the
+// second operand parts into the padding columns of G * q_len <= 4 launches (decode_mma.cuh
+// KV_MMA_PACK: at G = 4, D = 128 16 of 32 score mmas, 8 of 16 query ldmatrix and 8 of 24 PV
+// mmas go, and the lo query rows' 8 KB of shared memory); 0 is the build before it.
+#ifndef KVKIT_DECODE_TQ_VARIANT
+#define KVKIT_DECODE_TQ_VARIANT 1
+#endif
+#define KV_MMA_PACK_OK (KVKIT_DECODE_TQ_VARIANT >= 1)
 #define KV_MMA_VF 1.0f
 // N words of staged bytes starting at any byte p: aligned words from the 4-byte boundary
 // below, funnel-shifted down (N + 1 word loads; the caller says why the word past the run and

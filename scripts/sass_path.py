@@ -184,6 +184,9 @@ def walk(ins: list[dict], labels: dict[str, int], head: int, take: dict[int, int
 COMMON_TAKEN = (
     "at.row_off = row_off >= 0",  # the tile's row offset known (no division)
     "at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1))",  # pages of <= TILE tokens
+    # The same for the slab planes of bulk builds (TurboQuant, sm_90+): before this line was
+    # listed, their walks went through the page-offset division (~28 instructions).
+    "at.slab_off = bs <= kvd::TILE ? 0 : t0 % bs;",
     "if (sub)",  # slab planes by warp sub-runs
     "if (slabs) {",  # bulk builds with warp slabs (decode_core.cuh issue_bulk_slabs)
     "if (block_size <= kvd::TILE)",  # issue_bulk_slabs: pages of <= TILE tokens

@@ -131,6 +131,26 @@
 // scaling) is hi + mid exactly; float32 needs hi + mid + lo. The parts past these are
 // exactly 0, so their mma add nothing and are skipped.
 #define KV_MMA_BF16_QPARTS (KV_IN_DTYPE == 2 ? 1 : (KV_IN_DTYPE == 1 ? 2 : 3))
+// Packed columns (KV_MMA_PACK_OK, a family's opt-in; TurboQuant: decode_turboquant.cu): with
+// at most 4 query rows (R = G * q_len <= 4, one row tile) the mma's N columns 4..7 are padding
+// that every score and PV mma computes for nothing. They carry the second operand part of
+// rows 0..3 instead, so one mma does the work of two:
+//   scores: B column r + 4 is row r's query lo part (QSPLIT; without it, its hi part again),
+//     so the q lo chain (a second mma per k-step and its ldmatrix) goes; lanes c and c ^ 2
+//     then hold row 2 (c & 1) + j's hi and lo sums, which one shuffle and the same float32
+//     add (hi + lo == lo + hi) join, so both hold row 2 (c & 1) + j's score, bit for bit the
+//     unpacked build's;
+//   PV (value codes): lanes c >= 2 run the softmax of those same rows (same scores, same
+//     operations: the same bits), and their B columns carry the mid part of W = p * scale
+//     where lanes c < 2 carry hi, then lo where lanes c < 2 carry lo: two mmas per m-tile
+//     instead of three. The accumulators of lanes c >= 2 (the mid sums) join those of lanes
+//     c < 2 once, after the tile loop (float32 rounding only: the three parts were one
+//     tensor-core chain per tile before).
+#ifndef KV_MMA_PACK_OK
+#define KV_MMA_PACK_OK 0
+#endif
+#define KV_MMA_PACK \
+    (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && KV_MMA_VCODES && !KV_MMA_BF16)
 
 namespace kvm {
 using kvd::D;
@@ -175,7 +195,8 @@ constexpr int SCRATCH = QF_IN_STAGE ? VT_BYTES : (VT_BYTES > QF_BYTES ? VT_BYTES
 constexpr int OFF_VT = 0;                                     // V tiles
 constexpr int OFF_QH = kvd::a16(SCRATCH);                     // fp16 [16][QSTR] hi
 constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
-constexpr int OFF_QM = OFF_QL + kvd::a16(KV_MMA_QSPLIT ? 16 * QSTR * 2 : 0);  // bf16 mid
+constexpr int OFF_QM =                                        // bf16 mid
+    OFF_QL + kvd::a16(KV_MMA_QSPLIT && !KV_MMA_PACK ? 16 * QSTR * 2 : 0);
 constexpr int OFF_RS = OFF_QM + kvd::a16(KV_MMA_BF16 ? 16 * QSTR * 2 : 0);    // float [16]
 constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
 constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::TP_BYTES);
@@ -523,11 +544,21 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #else
                 kv_split_f16x2(x0, x1, &hi, &lo);
 #endif
+#if KV_MMA_PACK
+                // Columns 0..3 the rows' hi parts, 4..7 their lo parts (without QSPLIT the
+                // hi parts again); rows 4.. are padding, which columns 4..7 replace.
+                if (r < 4) {
+                    *reinterpret_cast<unsigned*>(qh_s + r * QSTR + d) = hi;
+                    *reinterpret_cast<unsigned*>(qh_s + (r + 4) * QSTR + d) =
+                        KV_MMA_QSPLIT ? lo : hi;
+                }
+#else
                 *reinterpret_cast<unsigned*>(qh_s + r * QSTR + d) = hi;
 #if KV_MMA_QSPLIT
                 *reinterpret_cast<unsigned*>(ql_s + r * QSTR + d) = lo;
 #else
                 (void)lo;  // exact fp16 queries: lo is 0 and has no buffer
+#endif
 #endif
             }
             // Logits in base 2 (times log2(e)): the online softmax runs on exp2.
@@ -547,7 +578,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
+#if KV_MMA_PACK
+                const int r = 2 * (c & 1) + j;  // lanes c >= 2 run rows 0..3 again
+#else
                 const int r = 8 * nr + 2 * c + j;
+#endif
                 rsc[nr][j] = rs_s[r];
                 pos[nr][j] = r < R ? seq_len - QL + r / G : big;
             }
@@ -615,7 +650,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                         kv_ldsm_x4(qm[nr], qm_addr + nr * 16 * QSTR + ks * 32);
                     if constexpr (KV_MMA_BF16_QPARTS >= 3)
                         kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
-#elif KV_MMA_QSPLIT
+#elif KV_MMA_QSPLIT && !KV_MMA_PACK
                     kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
 #endif
                 }
@@ -647,7 +682,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                         kv_mma_f16(u ? sq[nr] : sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
 #else
                         kv_mma_f16(sc[nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
-#if KV_MMA_QSPLIT
+#if KV_MMA_QSPLIT && !KV_MMA_PACK
                         kv_mma_f16(sq[nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
 #endif
 #endif
@@ -661,6 +696,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int i = 0; i < 4; ++i) {
 #if KV_MMA_BF16
                     sc[nr][i] = (sc[nr][i] + sk[nr][i]) + sq[nr][i];
+#elif KV_MMA_PACK
+                    // The q lo chain sits in lane c ^ 2 (columns r + 4); the same add.
+                    if constexpr (KV_MMA_QSPLIT)
+                        sc[nr][i] += __shfl_xor_sync(KV_FULL_MASK, sc[nr][i], 2);
 #elif KV_MMA_QSPLIT || KV_MMA_K_DIRECT
                     sc[nr][i] += sq[nr][i];  // the q lo chain, or fp16 keys' odd k-steps
 #endif
@@ -766,8 +805,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // (token g | g + 8) x (rows 2c, 2c + 1) pairs.
 #if KV_MMA_PV_BF16
             // P (times scale_t for value codes; bf16 values: unscaled, bf16 has float32's
-            // range) as three bf16 parts.
-            constexpr int NPART = 3;
+            // range) as three bf16 parts (packed columns: two mmas carry them, KV_MMA_PACK).
+            constexpr int NPART = KV_MMA_PACK ? 2 : 3;
             float vs[2] = {1.f, 1.f};
 #if KV_MMA_VCODES
 #pragma unroll
@@ -792,8 +831,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 for (int tt = 0; tt < 2; ++tt) {
                     unsigned t3[3];
                     kv_split3_bf16x2(p[nr][0][tt] * vs[tt], p[nr][1][tt] * vs[tt], t3);
+#if KV_MMA_PACK
+                    // Columns 0..3 (lanes c < 2) hi, then lo; columns 4..7 (lanes c >= 2,
+                    // the same rows) mid, then nothing.
+                    bp[nr][0][tt] = kv_movmatrix_trans(c < 2 ? t3[0] : t3[1]);
+                    bp[nr][1][tt] = kv_movmatrix_trans(c < 2 ? t3[2] : 0u);
+#else
 #pragma unroll
                     for (int k = 0; k < 3; ++k) bp[nr][k][tt] = kv_movmatrix_trans(t3[k]);
+#endif
                 }
             }
 #else
@@ -886,6 +932,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             }
         }
     }
+#if KV_MMA_PACK
+    // Lanes c >= 2 hold the mid-part sums of rows 0..3 (packed columns): into lanes c < 2.
+#pragma unroll
+    for (int mi = 0; mi < MT; ++mi) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[0][mi][i] += __shfl_xor_sync(KV_FULL_MASK, acc[0][mi][i], 2);
+    }
+#endif
     __syncthreads();  // every warp is done with the staging (reused below)
     float* red = reinterpret_cast<float*>(stg);
 #if KV_MMA_VCODES

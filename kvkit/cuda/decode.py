@@ -29,7 +29,10 @@ once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4
 on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
 same staged bytes; ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
 copies off / on for every format (default: ``row_runs_default``; same
-bits either way; no effect where the copy engine copies): all for A/B runs). With one split
+bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``
+picks TurboQuant's tensor-core stage 1 without / with (the default) the packed mma columns of
+G * q_len <= 4 launches (the same scores bit for bit; the PV sums in another float32 order):
+all for A/B runs). With one split
 and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -269,12 +272,16 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     row_runs = os.environ.get("KVKIT_DECODE_ROW_RUNS", "")
     if row_runs not in ("", "0", "1"):
         raise ValueError(f"KVKIT_DECODE_ROW_RUNS={row_runs!r}: want 0 or 1")
+    tq_variant = os.environ.get("KVKIT_DECODE_TQ_VARIANT", "")
+    if tq_variant not in ("", "0", "1"):
+        raise ValueError(f"KVKIT_DECODE_TQ_VARIANT={tq_variant!r}: want 0 or 1")
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, row_runs,
+        tq_variant,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -300,6 +307,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # NVFP4's tile copies on sm_90+ at D = 128: warp slabs by the copy engine (1, the
         # default) or cp.async pieces (0) (decode_nvfp4.cu KV_NVFP4_BULK; A/B runs).
         defines["KVKIT_DECODE_NVFP4_BULK"] = nvfp4_bulk
+    if tq_variant and fmt.family == "turboquant":
+        # TurboQuant's tensor-core stage 1: packed mma columns for G * q_len <= 4 (1, the
+        # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
+        defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"

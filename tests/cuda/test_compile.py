@@ -184,14 +184,17 @@ def test_tensor_core_decode_does_not_spill(arch):
     # kept for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "-runs": the
     # row runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by
-    # default, fp8 / NVFP4 for A/B runs).
+    # default, fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
+    # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
         "runs": ("KVD_ROW_RUNS_ON", "1"),
+        "tqv0": ("KVKIT_DECODE_TQ_VARIANT", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs", "nvfp4",
-                 "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", *TQ):  # fmt: skip
+                 "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", *TQ,
+                 "turboquant_4bit_nc-tqv0", "turboquant_k8v4-tqv0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),

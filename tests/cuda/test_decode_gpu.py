@@ -570,6 +570,50 @@ def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_l
         assert lse_error(lse_bulk, ref_lse) <= DECODE_GPU_RTOL
 
 
+@pytest.mark.parametrize("name, head_dim, group, q_len, q_dtype, window, softcap", [
+    ("turboquant_4bit_nc", 128, 4, 1, "float16", None, None),
+    ("turboquant_4bit_nc", 128, 4, 1, "float32", 90, None),
+    ("turboquant_4bit_nc", 64, 2, 2, "bfloat16", None, 30.0),
+    ("turboquant_3bit_nc", 256, 4, 1, "float16", None, None),
+    ("turboquant_k3v4_nc", 128, 1, 4, "float16", 70, None),
+    ("turboquant_k8v4", 128, 4, 1, "float16", None, None),
+    ("turboquant_k8v4", 128, 3, 1, "float32", None, None),
+    ("turboquant_4bit_nc", 128, 8, 1, "float16", None, None),  # R = 8: both builds unpacked
+])  # fmt: skip
+def test_turboquant_packed_columns_match_the_unpacked_build(cp, name, head_dim, group, q_len,
+                                                            q_dtype, window, softcap,
+                                                            monkeypatch):  # fmt: skip
+    """decode_turboquant.cu KVKIT_DECODE_TQ_VARIANT: with G * q_len <= 4 the default build
+    (1) puts the query lo parts and the W = p * scale mid parts into the mma's padding columns
+    (decode_mma.cuh KV_MMA_PACK); 0 is the build before it. The scores are the same bits
+    (each mma column is its own sum; hi + lo is the same float32 add), so where the softmax
+    alone decides (lse) both agree bit for bit; o takes the three W parts in another float32
+    order (hi + lo per tile and mid per tile, joined after the loop, where one tensor-core chain
+    per tile took all three): equal to float32 rounding, and both within the float64
+    reference's tolerance. Ragged lengths, 1 and 3 splits, masks (window, causal q_len > 1,
+    the sequence end), soft-cap, every query dtype, FP8 keys (no q lo part: the padding
+    columns repeat the hi part), and R = 8 (both builds unpacked: bit for bit)."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[5 * 64 + 9, 300, 37, 3], window=window, softcap=softcap,
+                q_dtype=q_dtype, seed=head_dim + 7 * group + q_len)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_TQ_VARIANT", raising=False)
+        o_new, lse_new = case.run(num_splits)
+        assert case.flag() == 0
+        monkeypatch.setenv("KVKIT_DECODE_TQ_VARIANT", "0")
+        o_old, lse_old = case.run(num_splits)
+        assert case.flag() == 0
+        np.testing.assert_array_equal(lse_new, lse_old)
+        if group * q_len > 4:
+            np.testing.assert_array_equal(o_new, o_old)
+        else:
+            # float32 reassociation of the PV sums only
+            assert rel_error(o_new, o_old) <= SPLIT_INVARIANCE_RTOL, num_splits
+        assert rel_error(o_new, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse_new, ref_lse) <= DECODE_GPU_RTOL
+
+
 @pytest.mark.parametrize("name, head_dim", [("nvfp4", 128), ("nvfp4", 64), ("nvfp4", 256),
                                             ("fp8_e4m3", 128)])  # fmt: skip
 def test_nan_bytes_past_the_sequence_end_are_masked(cp, name, head_dim):
