@@ -27,6 +27,23 @@
 #define KV_ROTATE_Q 0
 #define KV_FAMILY_TABLE_FLOATS 0
 
+// nvdec2's tensor-core tile (KV_NVFP4_REV; env KVKIT_DECODE_NVFP4_REV, kvkit/cuda/decode.py):
+//   1: (a) block scales as converted by the hardware (sm_89+), without the 2^6 multiply
+//      (KV_NVFP4_SF_RAW, decode_codes.cuh KV_NVFP4_SF_MUL: operands value * 2^-14, same bits
+//      downstream); (b) in the copy-engine builds (KV_NVFP4_BULK below) the value codes
+//      staged as unpadded rows by one 1 KB copy instead of four 256-byte ones with gaps,
+//      the warp's tokens taken in the order kv_mma_tok (decode_mma.cuh KV_MMA_TOKEN_SWAP)
+//      that keeps the value loads at 2 wavefronts (below). (b) changes which lane sums which
+//      token (softmax sums, mma k order): float32 rounding differences, not the same bits.
+//   0: the session-10 tile.
+// 1 is the default: executed-path walk in benchmarks/NOTES.md "nvdec2".
+#if defined(KVKIT_DECODE_NVFP4_REV)
+#define KV_NVFP4_REV KVKIT_DECODE_NVFP4_REV
+#else
+#define KV_NVFP4_REV 1
+#endif
+#define KV_NVFP4_SF_RAW KV_NVFP4_REV
+
 #include "common/decode_codes.cuh"
 #include "common/vload.cuh"
 
@@ -69,7 +86,19 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
 #define KV_BULK_WARP_SLABS 1
 #define KV_P0_SROW KV_P0_BYTES
 #define KV_P2_SROW KV_P2_BYTES
+#if KV_NVFP4_REV
+// nvdec2: the value codes as unpadded rows too (one 1 KB copy per warp, not four 256-byte
+// ones: ~15 uniform instructions less per warp-tile), and the warp's tokens in the order
+// kv_mma_tok (i ^ ((i / 2) % 2)): the value loads' tokens kv_mma_tok(2 c + e) are 0, 3, 4, 7
+// (e = 0), 1, 2, 5, 6 (e = 1), the same + 8 (e = 8, 9): at 64 (token), mod 128 they are 0,
+// 64, 0, 64 (or 64, 0, 64, 0): lanes (g, c) on banks 2 g + {0, 1} for two c and 16 + 2 g +
+// {0, 1} for the other two, every bank twice: 2 wavefronts, as the gaps gave. The key loads
+// (tokens kv_mma_tok(g), a permutation of 0..7, then of 8..15) still read 8 whole rows, 512
+// contiguous bytes: 4 wavefronts.
+#define KV_MMA_TOKEN_SWAP 1
+#else
 #define KV_P2_SGAP KV_P2_BYTES
+#endif
 #endif
 
 // E2M1 unpacking of the tensor-core register paths (kv_mma_kstep, kv_mma_vpair):
@@ -107,10 +136,11 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 }
 
 // Tensor-core hooks (common/decode_mma.cuh): e2m1 * e4m3 products are exact fp16 operands
-// (times 2^-8, see kv_dc_nvfp4x2_f16x2).
+// (times KV_NVFP4_SF_MUL * 2^-14: 2^-8, or 2^-14 with KV_NVFP4_SF_RAW on sm_89+; see
+// kv_dc_nvfp4x2_f16x2).
 #define KV_MMA 1
-#define KV_MMA_KF 256.0f
-#define KV_MMA_VF 256.0f
+#define KV_MMA_KF (16384.0f / KV_NVFP4_SF_MUL)
+#define KV_MMA_VF (16384.0f / KV_NVFP4_SF_MUL)
 // Elements 16 ks + 2c, +1 (code byte 8 ks + c) and 16 ks + 2c + 8, +9 (byte 8 ks + 4 + c):
 // one 16-element block, one scale.
 __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int ks, int c,

@@ -184,19 +184,36 @@ __device__ __forceinline__ unsigned kv_hmul2_bcast(unsigned a, unsigned b) {
 }
 
 // NVFP4 elements 2j, 2j+1 (one code byte) times their E4M3 block scale, as fp16x2 of
-// value * 2^-8: e2m1 * 2^-14 times sf * 2^6 (sf * 2^6 <= 448 * 64 fits fp16; the product has
-// at most 6 significant bits and is a multiple of 2^-18, so the fp16 multiply is exact).
+// value * KV_NVFP4_SF_MUL * 2^-14 (below): e2m1 * 2^-14 times sf * KV_NVFP4_SF_MUL (sf * 2^6
+// <= 448 * 64 fits fp16; the product has at most 6 significant bits and is a multiple of
+// 2^-24, so the fp16 multiply is exact).
 __device__ __forceinline__ unsigned kv_dc_nvfp4x2_f16x2(unsigned code_byte, unsigned sf_x2) {
     return kv_hmul2(kv_dc_e2m1x2_f16x2(code_byte), sf_x2);
 }
-// The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * 2^6 and sf_hi * 2^6 (two scale
-// bytes); _f16x2: the same scale in both halves.
+// The block scale operand of kv_dc_nvfp4x2_f16x2: sf_lo * KV_NVFP4_SF_MUL and sf_hi *
+// KV_NVFP4_SF_MUL (two scale bytes); _f16x2: the same scale in both halves.
 // _sfw: the two scale bytes as bits 0..15 of `two` (sf_lo in bits 0..7; bits 16..31 are
 // ignored), as one 16-bit load or one byte permute gives them.
+// KV_NVFP4_SF_MUL is 2^6 (e2m1 * 2^-14 times it is value * 2^-8), or 1 where the E4M3
+// conversion is the hardware's (exact, factor 1) and the entry sets KV_NVFP4_SF_RAW
+// (decode_nvfp4.cu): the operand is then value * 2^-14, still exact in fp16 (e2m1 * 2^-14 is
+// a multiple of 2^-15 with 2 significant bits, sf a multiple of 2^-9 with 4, so the product
+// is a multiple of 2^-24, fp16's subnormal step, with at most 6 significant bits, and below
+// 6 * 448 * 2^-14), and the conversion needs no multiply (one HMUL2 fewer per scale word).
+// The power of two is exact everywhere downstream (KV_MMA_KF / VF undo it in float32).
+#if defined(KV_NVFP4_SF_RAW) && KV_NVFP4_SF_RAW && KVKIT_HW_FP8
+#define KV_NVFP4_SF_MUL 1.0f
+#else
+#define KV_NVFP4_SF_MUL 64.0f
+#endif
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sfw_f16x2(unsigned two) {
     const unsigned h = kv_dc_e4m3x2_f16x2(two);
-    // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
-    return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+    if constexpr (KV_NVFP4_SF_MUL == 1.0f) {
+        return h;
+    } else {
+        // times 2^6 * KV_E4M3_F16_FACTOR: fp16 2^6 = 0x5400, 2^14 = 0x7400.
+        return kv_hmul2(h, KV_E4M3_F16_FACTOR == 1.0f ? 0x54005400u : 0x74007400u);
+    }
 }
 // sf_lo, sf_hi: bytes in bits 0..7 (one byte permute joins them; a shift and an OR took two).
 __device__ __forceinline__ unsigned kv_dc_nvfp4_sf2_f16x2(unsigned sf_lo, unsigned sf_hi) {

@@ -81,6 +81,10 @@
 //                     three bf16 parts each (hi + mid + lo: 24 bits, so every product is
 //                     exact as in the fp16 case; bf16's exponent range needs no scaling).
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
+//   KV_MMA_TOKEN_SWAP 1 (with K_REGS and V_REGS): the warp's 16 tokens in the order
+//                     kv_mma_tok below (score M row / PV k index i is token kv_mma_tok(i)),
+//                     for staging layouts whose bank pattern wants it (NVFP4's unpadded
+//                     64-byte value rows, decode_nvfp4.cu)
 #pragma once
 
 #ifndef KV_MMA_VCODES
@@ -106,6 +110,12 @@
 #endif
 #ifndef KV_MMA_K_HILO
 #define KV_MMA_K_HILO 0
+#endif
+#ifndef KV_MMA_TOKEN_SWAP
+#define KV_MMA_TOKEN_SWAP 0
+#endif
+#if KV_MMA_TOKEN_SWAP && !(KV_MMA_K_REGS && KV_MMA_V_REGS)
+#error "KV_MMA_TOKEN_SWAP needs keys and values in registers (the ldmatrix paths take rows in order)"
 #endif
 #if KV_MMA_K_HILO && !KV_MMA_K_REGS
 #error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
@@ -212,6 +222,21 @@ constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) +
                               : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
 }  // namespace kvm
+
+// The warp's token (0..15) at score M row / PV k index i. KV_MMA_TOKEN_SWAP: i ^ ((i / 2) % 2),
+// which swaps tokens 4m + 2 and 4m + 3, so the PV A operand's tokens 2c + e (e in {0, 1, 8,
+// 9}, c = 0..3) alternate in parity over c (0, 3, 4, 7 for e = 0): in unpadded 64-byte rows
+// the four c of a lane group g then fall on two bank halves, two each, and not all four on
+// one (2 wavefronts per 8-byte value load, not 4). The score tokens g and g + 8 of a lane are
+// a permutation of the same 16, so any such order is the same attention up to float32
+// rounding (which lane sums which token).
+__device__ __forceinline__ int kv_mma_tok(int i) {
+#if KV_MMA_TOKEN_SWAP
+    return i ^ ((i >> 1) & 1);
+#else
+    return i;
+#endif
+}
 
 // The query dim at position p (= 16 ks + kk) of the shared fp16 query rows: the mma pairs
 // position kk of k-step ks with A element (row, kk), which lane c = (kk % 8) / 2 holds as
@@ -607,10 +632,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const int* tp = pipe.pages(i);
             const unsigned char* s = pipe.stage(i);
             auto rows_of = [&](int t, const unsigned char** rw) { pipe.rows(s, t, rw); };
-            // This thread's score tokens tw0 + g (tt = 0) and tw0 + g + 8 (tt = 1).
+            // This thread's score tokens tw0 + g (tt = 0) and tw0 + g + 8 (tt = 1) (in the
+            // order kv_mma_tok).
             const unsigned char* kr[2][4];
-            rows_of(tw0 + g, kr[0]);
-            rows_of(tw0 + g + 8, kr[1]);
+            rows_of(tw0 + kv_mma_tok(g), kr[0]);
+            rows_of(tw0 + kv_mma_tok(g + 8), kr[1]);
 
             // (a) S^T = K Q^T: M = the warp's 16 tokens, N = 8 rows per row tile, K = dims.
             // Independent accumulators per product kind (hi x hi, q lo x k hi, q hi x k lo):
@@ -748,7 +774,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             if (!full) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
-                    const int t = tw0 + g + 8 * tt;
+                    const int t = tw0 + kv_mma_tok(g + 8 * tt);
                     ok[tt] = t < n_tile && tp[t] >= 0;
                 }
 #pragma unroll
@@ -757,7 +783,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     for (int j = 0; j < 2; ++j) {
 #pragma unroll
                         for (int tt = 0; tt < 2; ++tt) {
-                            const int tok = t0 + tw0 + g + 8 * tt;
+                            const int tok = t0 + tw0 + kv_mma_tok(g + 8 * tt);
                             const bool vis = ok[tt] && tok <= pos[nr][j] &&
                                              (window <= 0 || tok > pos[nr][j] - window);
                             if (!vis) p[nr][j][tt] = kv_neg_inf();
@@ -863,7 +889,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];
-                rows_of(tw0 + 2 * c + (k & 1) + 8 * (k >> 1), rv);
+                rows_of(tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
                 kv_mma_vload(rv, g, vraw[k]);
             }
 #if !KV_MMA_VCODES
@@ -875,7 +901,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             if (!full) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
-                    const int t = tw0 + 2 * c + (k & 1) + 8 * (k >> 1);
+                    const int t = tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1));
                     if (!(t < n_tile && tp[t] >= 0)) {
 #pragma unroll
                         for (int i = 0; i < KV_MMA_VRAW; ++i) vraw[k][i] = 0u;

@@ -27,7 +27,10 @@ bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NV
 ``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1, pair by pair / eight codes at
 once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4's tile copies
 on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
-same staged bytes; ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
+same staged bytes; ``KVKIT_DECODE_NVFP4_REV=0`` / ``1`` picks NVFP4's tensor-core tile, the
+session-10 one / nvdec2's (the default: hardware block scales without a multiply, value codes
+in one copy per warp and the warp's tokens in a bank-friendly order; float32 rounding apart,
+the same attention); ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
 copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``
 picks TurboQuant's tensor-core stage 1 without / with (the default) the packed mma columns of
@@ -269,6 +272,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     nvfp4_bulk = os.environ.get("KVKIT_DECODE_NVFP4_BULK", "")
     if nvfp4_bulk not in ("", "0", "1"):
         raise ValueError(f"KVKIT_DECODE_NVFP4_BULK={nvfp4_bulk!r}: want 0 or 1")
+    nvfp4_rev = os.environ.get("KVKIT_DECODE_NVFP4_REV", "")
+    if nvfp4_rev not in ("", "0", "1"):
+        raise ValueError(f"KVKIT_DECODE_NVFP4_REV={nvfp4_rev!r}: want 0 or 1")
     row_runs = os.environ.get("KVKIT_DECODE_ROW_RUNS", "")
     if row_runs not in ("", "0", "1"):
         raise ValueError(f"KVKIT_DECODE_ROW_RUNS={row_runs!r}: want 0 or 1")
@@ -280,8 +286,8 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, row_runs,
-        tq_variant,
+        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
+        row_runs, tq_variant,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -311,6 +317,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # TurboQuant's tensor-core stage 1: packed mma columns for G * q_len <= 4 (1, the
         # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
         defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
+    if nvfp4_rev and fmt.family == "nvfp4":
+        # NVFP4's tensor-core tile: nvdec2's (1, the default) or session 10's (0)
+        # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).
+        defines["KVKIT_DECODE_NVFP4_REV"] = nvfp4_rev
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"

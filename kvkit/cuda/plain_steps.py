@@ -81,7 +81,8 @@ enqueue_lock = threading.Lock()
 #: warp and launch bounds, NVFP4 write blocks per thread): part of a step's key.
 KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_DECODE_MASK_ALL",
               "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_NVFP4_UNPACK", "KVKIT_DECODE_NVFP4_BULK",
-              "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_TQ_VARIANT", "KVKIT_WRITE_TQ_RPW",
+              "KVKIT_DECODE_NVFP4_REV", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_TQ_VARIANT",
+              "KVKIT_WRITE_TQ_RPW",
               "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT", "KVKIT_WRITE_NVFP4_BPT",
               "KVKIT_WRITE_DENSE_VARIANT")  # fmt: skip
 

@@ -182,18 +182,20 @@ def test_tensor_core_decode_does_not_spill(arch):
     bad = []
     # "nvfp4-unpack0": NVFP4 with the pair-by-pair E2M1 unpacking (KVKIT_DECODE_NVFP4_UNPACK=0,
     # kept for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
-    # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "-runs": the
+    # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "nvfp4-rev0":
+    # session 10's NVFP4 tile (KVKIT_DECODE_NVFP4_REV=0; the default is nvdec2's); "-runs": the
     # row runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by
     # default, fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
     # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
+        "rev0": ("KVKIT_DECODE_NVFP4_REV", "0"),
         "runs": ("KVD_ROW_RUNS_ON", "1"),
         "tqv0": ("KVKIT_DECODE_TQ_VARIANT", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs", "nvfp4",
-                 "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", *TQ,
+                 "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", "nvfp4-rev0", *TQ,
                  "turboquant_4bit_nc-tqv0", "turboquant_k8v4-tqv0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)

@@ -552,7 +552,10 @@ def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_l
     so the results are identical bit for bit: ragged lengths (runs cut by the sequence end,
     warps past it copying nothing), a window with causal q_len 2, pages below, at and above the
     64-token tile (the tile's offset in its page), G * q_len = 16 (two row tiles: cp.async
-    under both settings). On GPUs without bulk copies both builds are the cp.async path."""
+    under both settings). On GPUs without bulk copies both builds are the cp.async path.
+    Session 10's tile (KVKIT_DECODE_NVFP4_REV=0): nvdec2's takes the warp's tokens in another
+    order with the bulk copies only (test_nvfp4_rev1_tile_matches_rev0_tile)."""
+    monkeypatch.setenv("KVKIT_DECODE_NVFP4_REV", "0")
     case = Case("nvfp4", head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 3], window=window,
                 seed=block_size + group)  # fmt: skip
@@ -612,6 +615,42 @@ def test_turboquant_packed_columns_match_the_unpacked_build(cp, name, head_dim, 
             assert rel_error(o_new, o_old) <= SPLIT_INVARIANCE_RTOL, num_splits
         assert rel_error(o_new, ref_o) <= DECODE_GPU_RTOL
         assert lse_error(lse_new, ref_lse) <= DECODE_GPU_RTOL
+
+
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+@pytest.mark.parametrize("head_dim, group, q_len, window", [
+    (128, 4, 1, None), (128, 4, 2, 90), (128, 8, 1, None), (128, 16, 1, None), (64, 4, 1, None),
+    (256, 4, 1, None), (32, 2, 4, None),
+])  # fmt: skip
+def test_nvfp4_rev1_tile_matches_rev0_tile(cp, block_size, head_dim, group, q_len, window,
+                                           monkeypatch):  # fmt: skip
+    """decode_nvfp4.cu KV_NVFP4_REV: nvdec2's tile (1, the default) against session 10's (0,
+    KVKIT_DECODE_NVFP4_REV=0). Hardware block scales without the 2^6 multiply change every
+    operand by one power of two, undone in float32 (same bits); on sm_90+ at D = 128 the value
+    codes are staged unpadded and the warp's tokens taken in the order kv_mma_tok, which
+    changes which lane sums which token: float32 reassociation, nothing more. Elsewhere (sm_80
+    PTX: no hardware E4M3; other head dims; two row tiles) both builds should agree bit for
+    bit, which the test asserts where the 2^6 fold is the only change that can apply."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[5 * block_size + 9, 300, 37, 3],
+                window=window, seed=block_size + group + head_dim)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    swap = head_dim == 128 and group * q_len <= 8  # the copy-engine builds (on sm_90+)
+    for num_splits in (1, 3):
+        monkeypatch.delenv("KVKIT_DECODE_NVFP4_REV", raising=False)
+        o1, lse1 = case.run(num_splits)
+        assert case.flag() == 0
+        monkeypatch.setenv("KVKIT_DECODE_NVFP4_REV", "0")
+        o0, lse0 = case.run(num_splits)
+        assert case.flag() == 0
+        if swap:
+            assert rel_error(o1, o0) <= SPLIT_INVARIANCE_RTOL
+            assert lse_error(lse1, lse0) <= SPLIT_INVARIANCE_RTOL
+        else:
+            np.testing.assert_array_equal(o1, o0)
+            np.testing.assert_array_equal(lse1, lse0)
+        assert rel_error(o1, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse1, ref_lse) <= DECODE_GPU_RTOL
 
 
 @pytest.mark.parametrize("name, head_dim", [("nvfp4", 128), ("nvfp4", 64), ("nvfp4", 256),
