@@ -58,6 +58,8 @@ RULES = [
     (r"^FSETP\.NE\.AND P\d, PT, \|R\d+\|, \+INF", r"^@P\d BRA", True),  # finite block
     (r"^ISETP\.GT\.OR\.EX", r"^@P", False),  # narrow index math
     (r"^ISETP\.GE\.(S64\.)?AND(\.EX)? P\d, PT, R\d+, (UR|c\[)", r"^@!P", True),  # slot < capacity
+    (r"^ISETP\.NE\.AND P\d, PT, R\d+, R\d+, PT", r"^@!P\d BRA", False),  # 4over6: sf codes differ
+    (r"^FSETP\.GE\.AND P\d, PT, R\d+, 9\.0949", r"^@P\d BRA P\d", True),  # ... and it is sure
 ]
 _SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP")
 
