@@ -131,13 +131,16 @@ __device__ __forceinline__ void kv_nvfp4_codes(const float (&x)[16], bool finite
     }
 }
 
+// A candidate's squared error in the spec's order from its packed codes w; MAG: w holds
+// magnitude codes (no sign bits) and d_i is taken from |x_i| (the same d_i * d_i).
+template <bool MAG = false>
 __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const unsigned int (&w)[2], float sfv,
                                                    float g) {
     float err = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         unsigned int code = (w[i >> 3] >> (4 * (i & 7))) & 0xFu;
-        float d = __fsub_rn(x[i], __fmul_rn(__fmul_rn(kv_e2m1_value_scaled(code), sfv), g));
+        float d = __fsub_rn(MAG ? fabsf(x[i]) : x[i], __fmul_rn(__fmul_rn(kv_e2m1_value_scaled(code), sfv), g));
         float dd = __fmul_rn(d, d);
         err = i == 0 ? dd : __fadd_rn(err, dd);
     }
@@ -286,7 +289,6 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
         fast = fast && __fmul_rn(amax, inv4) < 7.0f;
 #endif
         if (fast) {
-            const unsigned int sg[2] = {kv_nvfp4_signs<DT>(raw, 0), kv_nvfp4_signs<DT>(raw, 1)};
 #if KV_NVFP4_FOUR_OVER_SIX
             const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4}, dens[2] = {den, den4};
             unsigned int wc[2][2];
@@ -296,13 +298,12 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
             bool four = err[1] < err[0];
             // Equal sf codes: the same candidate twice (a tie: 6). Otherwise the approximate
             // errors decide unless kv_nvfp4_46_sure says they might not (rare): then the spec's
-            // errors from the signed codes, as the general path.
+            // errors (from |x_i| and the magnitude codes: the same d_i * d_i, see
+            // kv_nvfp4_fast_codes; ties keep 6).
             if (sfc4 == sfc) {
                 four = false;
             } else if (!kv_nvfp4_46_sure(err[0], err[1], den, den4)) {
-                const unsigned int w6[2] = {wc[0][0] | sg[0], wc[0][1] | sg[1]};
-                const unsigned int w4[2] = {wc[1][0] | sg[0], wc[1][1] | sg[1]};
-                four = kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w6, sfv, g);  // ties keep 6
+                four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
             }
 #else
             kv_nvfp4_fast_codes<2, false>(x, invs, sfvs, dens, g, wc, err);
@@ -319,8 +320,8 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
             w[0] = wc[0][0];
             w[1] = wc[0][1];
 #endif
-            w[0] |= sg[0];
-            w[1] |= sg[1];
+            w[0] |= kv_nvfp4_signs<DT>(raw, 0);
+            w[1] |= kv_nvfp4_signs<DT>(raw, 1);
             done = true;
         }
     }
