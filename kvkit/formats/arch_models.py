@@ -343,8 +343,10 @@ def nvfp4_46_sure(e6, e4, den6, den4) -> np.ndarray:
     """kv_nvfp4_46_sure: where the approximate errors decide 4over6's choice."""
     with np.errstate(all="ignore"):
         den6, den4 = np.float32(den6), np.float32(den4)
-        m = (((den4 * den4).astype(np.float32) + (den6 * den6).astype(np.float32)).astype(np.float32)
-             * NVFP4_46_MARGIN).astype(np.float32)  # fmt: skip
+        sq = ((den4 * den4).astype(np.float32) + (den6 * den6).astype(np.float32)).astype(
+            np.float32
+        )
+        m = (sq * NVFP4_46_MARGIN).astype(np.float32)
         diff = (np.float32(e6) - np.float32(e4)).astype(np.float32)
         return (np.abs(diff) > m) & (den6 >= NVFP4_46_DEN_LO) & (den4 <= NVFP4_46_DEN_HI)
 
