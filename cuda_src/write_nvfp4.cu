@@ -295,15 +295,25 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
             float err[2];
 #if KV_NVFP4_46_VARIANT == 1
             kv_nvfp4_fast_codes<2, true>(x, invs, sfvs, dens, g, wc, err);
-            bool four = err[1] < err[0];
             // Equal sf codes: the same candidate twice (a tie: 6). Otherwise the approximate
             // errors decide unless kv_nvfp4_46_sure says they might not (rare): then the spec's
             // errors (from |x_i| and the magnitude codes: the same d_i * d_i, see
             // kv_nvfp4_fast_codes; ties keep 6).
-            if (sfc4 == sfc) {
-                four = false;
-            } else if (!kv_nvfp4_46_sure(err[0], err[1], den, den4)) {
-                four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
+            // Two spellings of the same decision: at the 80-register cap ptxas spills 4 bytes
+            // (sm_80..sm_90) with the first for float32 inputs and with the second for 16-bit
+            // ones, so each input type takes the one that builds clean.
+            bool four;
+            if constexpr (DT == 0) {
+                four = sfc4 != sfc && err[1] < err[0];
+                if (sfc4 != sfc && !kv_nvfp4_46_sure(err[0], err[1], den, den4))
+                    four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
+            } else {
+                four = err[1] < err[0];
+                if (sfc4 == sfc) {
+                    four = false;
+                } else if (!kv_nvfp4_46_sure(err[0], err[1], den, den4)) {
+                    four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
+                }
             }
 #else
             kv_nvfp4_fast_codes<2, false>(x, invs, sfvs, dens, g, wc, err);
