@@ -6,8 +6,11 @@
 //   q_i  = e2m1_satfinite(x_i * inv)
 // KV_NVFP4_FOUR_OVER_SIX=1 also forms the candidate with 4 in place of 6 and keeps it when its
 // squared error sum_i d_i*d_i (d_i = x_i - (e2m1(q_i) * e4m3(sf)) * g, summed i = 0..15 in
-// float32) is strictly lower.
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT.
+// float32) is strictly lower. On the fast block (below) variant 1 decides by cheaper
+// approximate errors wherever a proven margin allows and by the spec's errors elsewhere
+// (kv_nvfp4_46_sure).
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT,
+// KV_NVFP4_46_VARIANT (4over6 only).
 //
 // Fast block (software E2M1 targets, nearly every block): g > 0 and RN(amax * inv) < 7 for
 // every candidate; then E2M1 codes by one magic add per element (fp4.cuh kv_e2m1_magic), packed
