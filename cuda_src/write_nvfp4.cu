@@ -6,8 +6,11 @@
 //   q_i  = e2m1_satfinite(x_i * inv)
 // KV_NVFP4_FOUR_OVER_SIX=1 also forms the candidate with 4 in place of 6 and keeps it when its
 // squared error sum_i d_i*d_i (d_i = x_i - (e2m1(q_i) * e4m3(sf)) * g, summed i = 0..15 in
-// float32) is strictly lower.
-// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT.
+// float32) is strictly lower. On the fast block (below) variant 1 decides by cheaper
+// approximate errors wherever a proven margin allows and by the spec's errors elsewhere
+// (kv_nvfp4_46_sure).
+// Launch defines: KV_IN_DTYPE (0 float32, 1 float16, 2 bfloat16 bits), KV_SLOT_T, KV_NVFP4_BPT,
+// KV_NVFP4_46_VARIANT (4over6 only).
 //
 // Fast block (software E2M1 targets, nearly every block): g > 0 and RN(amax * inv) < 7 for
 // every candidate; then E2M1 codes by one magic add per element (fp4.cuh kv_e2m1_magic), packed
@@ -59,13 +62,27 @@
 #error "KV_NVFP4_BPT must be 1 or 2 and divide the block count"
 #endif
 #define KV_NVFP4_GROUPS (KV_NVFP4_BLOCKS / KV_NVFP4_BPT)
+// 4over6's fast-block decision (kvkit.cuda.write.nvfp4_launch_defines passes it, from
+// KVKIT_WRITE_NVFP4_46_VARIANT): 1 (default) the candidates' squared errors by two fused
+// multiply-adds per element with the spec's errors only for blocks that kv_nvfp4_46_sure cannot
+// decide; 0 the spec's error order for every block (session 10's kernel). The same bytes.
+#ifndef KV_NVFP4_46_VARIANT
+#define KV_NVFP4_46_VARIANT 1
+#endif
+#if KV_NVFP4_46_VARIANT != 0 && KV_NVFP4_46_VARIANT != 1
+#error "KV_NVFP4_46_VARIANT must be 0 or 1"
+#endif
+#if KV_NVFP4_FOUR_OVER_SIX && KV_NVFP4_46_VARIANT == 1 && !defined(KV_NVFP4_46_MARGIN)
+#error "4over6 variant 1 needs KV_NVFP4_46_MARGIN / _DEN_LO / _DEN_HI (fmt.cuda_defines())"
+#endif
 
-// One candidate's scale: sf code (returned), its value sfv and inv = 1 / (sfv g) (0 when the
-// denominator is 0; NaN den gives NaN, as the CPU).
-__device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target, float g, float& sfv, float& inv) {
+// One candidate's scale: sf code (returned), its value sfv, den = RN(sfv g) and inv = 1 / den
+// (0 when den is 0; NaN den gives NaN, as the CPU).
+__device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target, float g, float& sfv, float& den,
+                                                       float& inv) {
     const unsigned int sfc = kv_e4m3_encode(__fdiv_rn(amax, __fmul_rn(target, g)));
     sfv = kv_e4m3_decode_pos(sfc);  // sfc <= 0x7F: amax >= 0 or NaN
-    const float den = __fmul_rn(sfv, g);
+    den = __fmul_rn(sfv, g);
     inv = 0.0f;
     if (den != 0.0f) inv = __frcp_rn(den);  // == __fdiv_rn(1, den)
     return sfc;
@@ -77,21 +94,21 @@ __device__ __forceinline__ unsigned int kv_nvfp4_scale(float amax, float target,
 // NaN code off the decode's shift), and sfv the shifted code scaled (the code is not 0x7F for a
 // non-NaN q). The same sfc, sfv and inv as kv_nvfp4_scale for every non-NaN q >= +0.
 __device__ __forceinline__ unsigned int kv_nvfp4_scale_fast(float amax, float target, float g, float& sfv,
-                                                            float& inv) {
+                                                            float& den, float& inv) {
 #if KVKIT_HW_FP8
     const float q = __fdiv_rn(amax, __fmul_rn(target, g));
     unsigned int r;  // byte 0: cvt(q); byte 1: cvt(0) = 0
     asm("{\n\t.reg .b16 t;\n\tcvt.rn.satfinite.e4m3x2.f32 t, %1, %2;\n\tcvt.u32.u16 %0, t;\n\t}" : "=r"(r) : "f"(0.0f), "f"(q));
     const unsigned int sfc = r & 0x7Fu;
     sfv = __fmul_rn(__uint_as_float(sfc << 20), 1.329227995784915873e36f);  // 2^120: kv_e4m3_decode_pos
-    const float den = __fmul_rn(sfv, g);
+    den = __fmul_rn(sfv, g);
     // A select, not a branch around the reciprocal: den is 0 only for a block far below g's
     // scale (sf code 0), where __frcp_rn's slow path runs once; 3 instructions a block saved.
     const float r0 = __frcp_rn(den);
     inv = den != 0.0f ? r0 : 0.0f;
     return sfc;
 #else
-    return kv_nvfp4_scale(amax, target, g, sfv, inv);
+    return kv_nvfp4_scale(amax, target, g, sfv, den, inv);
 #endif
 }
 
@@ -117,13 +134,16 @@ __device__ __forceinline__ void kv_nvfp4_codes(const float (&x)[16], bool finite
     }
 }
 
+// A candidate's squared error in the spec's order from its packed codes w; MAG: w holds
+// magnitude codes (no sign bits) and d_i is taken from |x_i| (the same d_i * d_i).
+template <bool MAG = false>
 __device__ __forceinline__ float kv_nvfp4_sq_error(const float (&x)[16], const unsigned int (&w)[2], float sfv,
                                                    float g) {
     float err = 0.0f;
 #pragma unroll
     for (int i = 0; i < 16; ++i) {
         unsigned int code = (w[i >> 3] >> (4 * (i & 7))) & 0xFu;
-        float d = __fsub_rn(x[i], __fmul_rn(__fmul_rn(kv_e2m1_value_scaled(code), sfv), g));
+        float d = __fsub_rn(MAG ? fabsf(x[i]) : x[i], __fmul_rn(__fmul_rn(kv_e2m1_value_scaled(code), sfv), g));
         float dd = __fmul_rn(d, d);
         err = i == 0 ? dd : __fadd_rn(err, dd);
     }
@@ -170,13 +190,18 @@ __device__ __forceinline__ unsigned int kv_nvfp4_signs(const unsigned int (&w)[K
 // The fast candidates (every |x_i * inv[c]| < 7, none NaN: see kv_e2m1_magic): magnitude
 // codes packed as 8 bytes per candidate (pairs by one shift-add each, bytes gathered by
 // permutes: the code is the low byte of the magic sum). With C = 2 (4over6) also each
-// candidate's squared error in the spec's order, d_i = x_i - (e2m1(q_i) * sfv) * g, from |x_i|
-// and the magnitude (the same d_i up to sign: the code's sign is x_i's and IEEE arithmetic is
-// symmetric under negation, so d_i * d_i is the same). Both candidates in one pass over the
-// elements, so only the packed pairs stay live.
-template <int C>
+// candidate's squared error from |x_i| and the magnitude v_i (the spec's d_i up to sign: the
+// code's sign is x_i's and IEEE arithmetic is symmetric under negation, so d_i * d_i is the
+// same). APPROX = false: the spec's order, d_i = x_i - (v_i * sfv) * g, err = sum RN(d_i d_i).
+// APPROX = true (KV_NVFP4_46_VARIANT 1): d_i = RN(|x_i| - v_i den) and err = RN(d_i d_i + err),
+// two fused multiply-adds where the spec's order takes five instructions; not the spec's
+// error, but within KV_NVFP4_46_MARGIN den^2 of it (kv_nvfp4_46_sure says why), which the
+// caller's decision test allows for. Both candidates in one pass over the elements, so only
+// the packed pairs stay live.
+template <int C, bool APPROX>
 __device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const float (&inv)[C], const float (&sfv)[C],
-                                                    float g, unsigned int (&w)[C][2], float (&err)[C]) {
+                                                    const float (&den)[C], float g, unsigned int (&w)[C][2],
+                                                    float (&err)[C]) {
     unsigned int pair[C][8];
 #pragma unroll
     for (int j = 0; j < 8; ++j) {
@@ -190,9 +215,14 @@ __device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const 
                 s[t] = r.s;
                 if (C > 1) {
                     const float v = __fsub_rn(__uint_as_float(r.s), r.magic);  // exact: the magnitude
-                    const float d = __fsub_rn(fabsf(x[i]), __fmul_rn(__fmul_rn(v, sfv[c]), g));
-                    const float dd = __fmul_rn(d, d);
-                    err[c] = i == 0 ? dd : __fadd_rn(err[c], dd);
+                    if (APPROX) {
+                        const float d = __fmaf_rn(-v, den[c], fabsf(x[i]));
+                        err[c] = i == 0 ? __fmul_rn(d, d) : __fmaf_rn(d, d, err[c]);
+                    } else {
+                        const float d = __fsub_rn(fabsf(x[i]), __fmul_rn(__fmul_rn(v, sfv[c]), g));
+                        const float dd = __fmul_rn(d, d);
+                        err[c] = i == 0 ? dd : __fadd_rn(err[c], dd);
+                    }
                 }
             }
             pair[c][j] = s[0] + (s[1] << 4);  // low byte: both codes (bits 8..21 of each s are zero)
@@ -208,6 +238,32 @@ __device__ __forceinline__ void kv_nvfp4_fast_codes(const float (&x)[16], const 
         }
     }
 }
+
+#if KV_NVFP4_FOUR_OVER_SIX && KV_NVFP4_46_VARIANT == 1
+// Whether the approximate errors e4, e6 of kv_nvfp4_fast_codes<2, true> decide the 4over6
+// choice as the spec's errors E4, E6 would: |RN(e6 - e4)| > m = RN(RN(den4^2 + den6^2)
+// KV_NVFP4_46_MARGIN), with KV_NVFP4_46_DEN_LO <= den6 <= den4 <= KV_NVFP4_46_DEN_HI (den4 >=
+// den6 always: sf is monotonic in amax / (target g)). Then sign(E6 - E4) = sign(e6 - e4), so
+// E4 < E6 exactly when RN(e6 - e4) > 0, and E4 == E6 cannot be.
+// Why, per candidate (S = sfv g exactly, u = 2^-24, |q_i| < 7 and |q_i - v_i| <= 1 on the fast
+// path, |x_i| = |q_i| S (1 + 3.01 u) through inv = RN(1 / RN(S))): t_i = |x_i| - v_i S has
+// |t_i| <= S (1 + 22 u); the spec's d_i = RN(|x_i| - RN(v_i S)) and the fused RN(|x_i| - v_i
+// den) are both within 7.01 u S of t_i (|v_i S| <= 6 S, den = RN(S)), so each sum of squares
+// is within 16 * 14.03 u S^2 = 224.5 u S^2 of sum t_i^2 <= 16.01 S^2; the spec's rounded sum
+// (16 roundings per term at most: the square and 15 additions) and the fused one (16 fused
+// roundings) are each within 16.0001 u * 16.01 S^2 = 256.2 u S^2 of their exact sums. So
+// |E_c - e_c| <= 2 (224.5 + 256.2) u S_c^2 < 2^-14 den_c^2, and KV_NVFP4_46_MARGIN = 2^-13
+// leaves a factor of two for the rounding of m and of e6 - e4. The den range keeps every
+// product and sum normal or exact (den6 >= 2^-40: den_c^2 2^-13 >= 2^-93, subnormal rounding
+// at most 64 * 2^-150 in all) and finite (den4 <= 2^50: errors below 2^105).
+// Outside it, or near a tie (about 1 block in 10^5 on LLM-like data), the caller computes
+// the spec's errors. CPU model and checks: kvkit/formats/arch_models.py nvfp4_46_fast_choice,
+// tests/formats/test_nvfp4_46_model.py.
+__device__ __forceinline__ bool kv_nvfp4_46_sure(float e6, float e4, float den6, float den4) {
+    const float m = __fmul_rn(__fadd_rn(__fmul_rn(den4, den4), __fmul_rn(den6, den6)), KV_NVFP4_46_MARGIN);
+    return fabsf(__fsub_rn(e6, e4)) > m && den6 >= KV_NVFP4_46_DEN_LO && den4 <= KV_NVFP4_46_DEN_HI;
+}
+#endif
 #endif
 
 template <int DT>
@@ -227,29 +283,53 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
         // bounds every |x_i * inv| (RN is monotonic) and fails for a NaN or infinite amax, g or
         // inv. Otherwise (rare: saturated or subnormal scales, non-finite inputs) the general
         // path below recomputes everything.
-        float sfv, inv;
-        sfc = kv_nvfp4_scale_fast(amax, 6.0f, g, sfv, inv);
+        float sfv, den, inv;
+        sfc = kv_nvfp4_scale_fast(amax, 6.0f, g, sfv, den, inv);
         bool fast = g > 0.0f && __fmul_rn(amax, inv) < 7.0f;
 #if KV_NVFP4_FOUR_OVER_SIX
-        float sfv4, inv4;
-        const unsigned int sfc4 = kv_nvfp4_scale_fast(amax, 4.0f, g, sfv4, inv4);
+        float sfv4, den4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale_fast(amax, 4.0f, g, sfv4, den4, inv4);
         fast = fast && __fmul_rn(amax, inv4) < 7.0f;
 #endif
         if (fast) {
 #if KV_NVFP4_FOUR_OVER_SIX
-            const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4};
+            const float invs[2] = {inv, inv4}, sfvs[2] = {sfv, sfv4}, dens[2] = {den, den4};
             unsigned int wc[2][2];
             float err[2];
-            kv_nvfp4_fast_codes<2>(x, invs, sfvs, g, wc, err);
+#if KV_NVFP4_46_VARIANT == 1
+            kv_nvfp4_fast_codes<2, true>(x, invs, sfvs, dens, g, wc, err);
+            // Equal sf codes: the same candidate twice (a tie: 6). Otherwise the approximate
+            // errors decide unless kv_nvfp4_46_sure says they might not (rare): then the spec's
+            // errors (from |x_i| and the magnitude codes: the same d_i * d_i, see
+            // kv_nvfp4_fast_codes; ties keep 6).
+            // Two spellings of the same decision: at the 80-register cap ptxas spills 4 bytes
+            // (sm_80..sm_90) with the first for float32 inputs and with the second for 16-bit
+            // ones, so each input type takes the one that builds clean.
+            bool four;
+            if constexpr (DT == 0) {
+                four = sfc4 != sfc && err[1] < err[0];
+                if (sfc4 != sfc && !kv_nvfp4_46_sure(err[0], err[1], den, den4))
+                    four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
+            } else {
+                four = err[1] < err[0];
+                if (sfc4 == sfc) {
+                    four = false;
+                } else if (!kv_nvfp4_46_sure(err[0], err[1], den, den4)) {
+                    four = kv_nvfp4_sq_error<true>(x, wc[1], sfv4, g) < kv_nvfp4_sq_error<true>(x, wc[0], sfv, g);
+                }
+            }
+#else
+            kv_nvfp4_fast_codes<2, false>(x, invs, sfvs, dens, g, wc, err);
             const bool four = err[1] < err[0];  // ties keep 6
+#endif
             sfc = four ? sfc4 : sfc;
             w[0] = four ? wc[1][0] : wc[0][0];
             w[1] = four ? wc[1][1] : wc[0][1];
 #else
-            const float invs[1] = {inv}, sfvs[1] = {sfv};
+            const float invs[1] = {inv}, sfvs[1] = {sfv}, dens[1] = {den};
             unsigned int wc[1][2];
             float err[1];
-            kv_nvfp4_fast_codes<1>(x, invs, sfvs, g, wc, err);
+            kv_nvfp4_fast_codes<1, false>(x, invs, sfvs, dens, g, wc, err);
             w[0] = wc[0][0];
             w[1] = wc[0][1];
 #endif
@@ -268,12 +348,12 @@ __device__ __forceinline__ unsigned int kv_nvfp4_encode_block(const float (&x)[1
 #pragma unroll
             for (int i = 1; i < 16; ++i) amax = fmaxf(amax, fabsf(x[i]));  // a NaN operand loses
         }
-        float sfv, inv;
-        sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, inv);
+        float sfv, den, inv;
+        sfc = kv_nvfp4_scale(amax, 6.0f, g, sfv, den, inv);
         kv_nvfp4_codes(x, finite, inv, w);
 #if KV_NVFP4_FOUR_OVER_SIX
-        float sfv4, inv4;
-        const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, inv4);
+        float sfv4, den4, inv4;
+        const unsigned int sfc4 = kv_nvfp4_scale(amax, 4.0f, g, sfv4, den4, inv4);
         unsigned int w4[2];
         kv_nvfp4_codes(x, finite, inv4, w4);
         if (kv_nvfp4_sq_error(x, w4, sfv4, g) < kv_nvfp4_sq_error(x, w, sfv, g)) {  // ties keep 6

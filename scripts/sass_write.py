@@ -37,7 +37,7 @@ from kvkit.cuda.compiler import compile_entry  # noqa: E402
 from kvkit.cuda.write import (  # noqa: E402
     DENSE_CHUNK,
     dense_launch_defines,
-    nvfp4_blocks_per_thread,
+    nvfp4_launch_defines,
 )
 from kvkit.formats import NVFP4Format  # noqa: E402
 
@@ -58,6 +58,8 @@ RULES = [
     (r"^FSETP\.NE\.AND P\d, PT, \|R\d+\|, \+INF", r"^@P\d BRA", True),  # finite block
     (r"^ISETP\.GT\.OR\.EX", r"^@P", False),  # narrow index math
     (r"^ISETP\.GE\.(S64\.)?AND(\.EX)? P\d, PT, R\d+, (UR|c\[)", r"^@!P", True),  # slot < capacity
+    (r"^ISETP\.NE\.AND P\d, PT, R\d+, R\d+, PT", r"^@!P\d BRA", False),  # 4over6: sf codes differ
+    (r"^FSETP\.GE\.AND P\d, PT, R\d+, 9\.0949", r"^@P\d BRA P\d", True),  # ... and it is sure
 ]
 _SETTERS = ("ISETP", "FSETP", "LOP3", "FCHK", "PLOP3", "HSETP")
 
@@ -119,8 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         defines = dict(fmt.cuda_defines())
         defines.update(KV_IN_DTYPE=args.dtype, KV_SLOT_T=args.slot)
         if isinstance(fmt, NVFP4Format):
-            bpt = nvfp4_blocks_per_thread(fmt, args.dtype)
-            defines["KV_NVFP4_BPT"] = str(bpt)
+            defines.update(nvfp4_launch_defines(fmt, args.dtype))
+            bpt = int(defines["KV_NVFP4_BPT"])
             entry, unit = "write_nvfp4.cu", f"{bpt} block(s) of K and of V per thread"
         else:
             defines.update(dense_launch_defines(fmt, args.dtype))

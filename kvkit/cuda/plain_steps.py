@@ -78,12 +78,13 @@ enqueue_lock = threading.Lock()
 
 #: Environment variables that change which kernel a decode or write launches (target,
 #: stage-1 core, staging budget, the masked-softmax-only test build, TurboQuant write rows per
-#: warp and launch bounds, NVFP4 write blocks per thread): part of a step's key.
+#: warp and launch bounds, NVFP4 write blocks per thread and 4over6 decision): part of a
+#: step's key.
 KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_DECODE_MASK_ALL",
               "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_NVFP4_UNPACK", "KVKIT_DECODE_NVFP4_BULK",
               "KVKIT_DECODE_NVFP4_REV", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_TQ_VARIANT",
-              "KVKIT_WRITE_TQ_RPW",
-              "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT", "KVKIT_WRITE_NVFP4_BPT",
+              "KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT",
+              "KVKIT_WRITE_NVFP4_BPT", "KVKIT_WRITE_NVFP4_46_VARIANT",
               "KVKIT_WRITE_DENSE_VARIANT")  # fmt: skip
 
 

@@ -71,6 +71,31 @@ def nvfp4_blocks_per_thread(fmt: NVFP4Format, in_dtype: str) -> int:
     return 2 if override is None else override
 
 
+#: ``kvkit_write_nvfp4``'s 4over6 decision (its ``KV_NVFP4_46_VARIANT`` define;
+#: KVKIT_WRITE_NVFP4_46_VARIANT). 0: session 10's fast block, both candidates' squared errors in
+#: the spec's order (five instructions per element and candidate after the magnitude). 1
+#: (default): the errors by two fused multiply-adds per element and candidate, within a proven
+#: 2^-14 den^2 of the spec's (write_nvfp4.cu kv_nvfp4_46_sure), deciding wherever the two differ
+#: by more than KV_NVFP4_46_MARGIN (den4^2 + den6^2); the rest (about 5 blocks in 10^4 on
+#: Gaussian data: one warp in 15 runs it for one block) computes the spec's errors. Equal bytes
+#: (kvkit.formats.arch_models nvfp4_46_fast_choice, tests/formats/test_nvfp4_46_model.py; the GPU
+#: write tests compare both variants with the Numba backend). Static common path per K/V block
+#: pair (fp16, D = 128, sm_90, scripts/sass_write.py): 1104 -> 944 instructions. Unmeasured.
+NVFP4_46_VARIANTS = (0, 1)
+NVFP4_46_VARIANT_DEFAULT = 1
+
+
+def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
+    """The launch defines of ``kvkit_write_nvfp4`` beyond ``fmt.cuda_defines()`` for the
+    KV_IN_DTYPE code ``in_dtype``: ``KV_NVFP4_BPT`` (nvfp4_blocks_per_thread) and, for 4over6,
+    ``KV_NVFP4_46_VARIANT`` (NVFP4_46_VARIANTS; plain NVFP4 builds do not depend on it)."""
+    d = {"KV_NVFP4_BPT": str(nvfp4_blocks_per_thread(fmt, in_dtype))}
+    if fmt.four_over_six:
+        override = _env_int("KVKIT_WRITE_NVFP4_46_VARIANT", NVFP4_46_VARIANTS)
+        d["KV_NVFP4_46_VARIANT"] = str(NVFP4_46_VARIANT_DEFAULT if override is None else override)
+    return d
+
+
 #: TurboQuant write launch choices measured on an H200 (sm_90) at 4M token-heads, fp16 inputs,
 #: D = 128 (BENCHMARKS.md session 9, scripts/write_sweep.sh): the write waits on latency, so
 #: rows in flight per SM beat instructions per row. MSE keys: 4 rows per warp with registers
@@ -382,8 +407,8 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
             tuple(args),
         )
     elif family == "nvfp4":
-        bpt = nvfp4_blocks_per_thread(fmt, code)
-        defines["KV_NVFP4_BPT"] = str(bpt)
+        defines.update(nvfp4_launch_defines(fmt, code))
+        bpt = int(defines["KV_NVFP4_BPT"])
         kern = get_kernel("write_nvfp4.cu", "kvkit_write_nvfp4", defines)
         planes = []
         for name in ("k_data", "k_scale", "v_data", "v_scale"):

@@ -292,6 +292,75 @@ PATHS = {
 }
 
 
+# --- 4over6's fast decision (cuda_src/write_nvfp4.cu, KV_NVFP4_46_VARIANT 1) -----------------
+
+#: kv_nvfp4_46_sure: the approximate errors decide when |RN(e6 - e4)| exceeds
+#: RN(RN(den4^2 + den6^2) NVFP4_46_MARGIN) (the proof, in write_nvfp4.cu, bounds each
+#: candidate's |E - e| by 2^-14 den^2; 2^-13 leaves a factor of two for the test's own
+#: rounding) and the dens lie in [NVFP4_46_DEN_LO, NVFP4_46_DEN_HI] (no subnormal products
+#: beyond 2^-144 in all, no overflow).
+NVFP4_46_MARGIN = np.float32(2.0**-13)
+NVFP4_46_DEN_LO = np.float32(2.0**-40)
+NVFP4_46_DEN_HI = np.float32(2.0**50)
+
+
+def nvfp4_46_candidates(blk: np.ndarray, g: float) -> dict[str, np.ndarray]:
+    """Both 4over6 candidates of 16-element blocks blk (..., 16) float32 for a layer scale g > 0,
+    by the spec's arithmetic (kvkit.formats.nvfp4), and what the kernel's fast block computes
+    from them: keys ``fast`` (RN(amax inv_c) < E2M1_MAGIC_LIMIT for both candidates and amax
+    finite: the fast block), ``sfc6`` / ``sfc4``, ``den6`` / ``den4`` (RN(sfv g)), ``E6`` / ``E4``
+    (the spec's errors, block_sq_error), ``e6`` / ``e4`` (kv_nvfp4_fast_codes<2, true>:
+    d_i = fmaf(-v_i, den, |x_i|), e = fmaf(d_i, d_i, e), e_0 = RN(d_0^2)) and ``spec_four``
+    (E4 < E6)."""
+    from .nvfp4 import ALT_TARGET, TARGET, block_sq_error
+
+    blk = np.asarray(blk, np.float32)
+    g32 = np.float32(g)
+    out: dict[str, np.ndarray] = {}
+    with np.errstate(all="ignore"):
+        amax = np.fmax.reduce(np.abs(blk), axis=-1)
+        fast = np.isfinite(amax)
+        for tag, target in (("6", TARGET), ("4", ALT_TARGET)):
+            sfc = codecs.e4m3_encode_array(amax / (np.float32(target) * g32))
+            sfv = codecs.e4m3_decode_array(sfc)
+            den = (sfv * g32).astype(np.float32)
+            inv = np.divide(np.float32(1), den, out=np.zeros_like(den), where=den != 0)
+            q = codecs.e2m1_encode_array(blk * inv[..., None])
+            fast &= (amax * inv).astype(np.float32) < E2M1_MAGIC_LIMIT
+            mag = codecs.E2M1_VALUES[q & 7]
+            e = np.zeros(blk.shape[:-1], np.float32)
+            for i in range(blk.shape[-1]):
+                d = fma_f32(-mag[..., i], den, np.abs(blk[..., i]))
+                e = (d * d).astype(np.float32) if i == 0 else fma_f32(d, d, e)
+            out["sfc" + tag], out["den" + tag], out["e" + tag] = sfc, den, e
+            out["E" + tag] = block_sq_error(blk, q, sfv, g32)
+    out["fast"] = fast
+    out["spec_four"] = out["E4"] < out["E6"]
+    return out
+
+
+def nvfp4_46_sure(e6, e4, den6, den4) -> np.ndarray:
+    """kv_nvfp4_46_sure: where the approximate errors decide 4over6's choice."""
+    with np.errstate(all="ignore"):
+        den6, den4 = np.float32(den6), np.float32(den4)
+        sq = ((den4 * den4).astype(np.float32) + (den6 * den6).astype(np.float32)).astype(
+            np.float32
+        )
+        m = (sq * NVFP4_46_MARGIN).astype(np.float32)
+        diff = (np.float32(e6) - np.float32(e4)).astype(np.float32)
+        return (np.abs(diff) > m) & (den6 >= NVFP4_46_DEN_LO) & (den4 <= NVFP4_46_DEN_HI)
+
+
+def nvfp4_46_fast_choice(c: dict[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """The fast block's 4over6 choice from nvfp4_46_candidates' dict: (four, sure). Equal sf
+    codes keep 6 (the same candidate twice); else where ``sure`` the approximate errors decide
+    (e4 < e6), elsewhere the kernel computes the spec's errors (spec_four)."""
+    sure = nvfp4_46_sure(c["e6"], c["e4"], c["den6"], c["den4"])
+    same = c["sfc6"] == c["sfc4"]
+    four = np.where(same, False, np.where(sure, c["e4"] < c["e6"], c["spec_four"]))
+    return four, sure & ~same
+
+
 # --- division by a row-uniform divisor (cuda_src/common/divide.cuh) ---------------------------
 
 #: kv_div_by's range limits (KV_DIV_LO / KV_DIV_HI): outside them the kernels use __fdiv_rn.

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import bitpack, codecs
-from .base import Format, PlaneSpec, amax_scale, f32
+from . import arch_models, bitpack, codecs
+from .base import Format, PlaneSpec, amax_scale, cuda_float, f32
 
 BLOCK = 16
 CODE_BITS = 4
@@ -117,4 +117,8 @@ class NVFP4Format(Format):
         d["KV_FORMAT_NVFP4"] = "1"
         d["KV_NVFP4_BLOCK"] = str(BLOCK)
         d["KV_NVFP4_FOUR_OVER_SIX"] = "1" if self.four_over_six else "0"
+        if self.four_over_six:  # the writer's fast decision (arch_models.nvfp4_46_fast_choice)
+            d["KV_NVFP4_46_MARGIN"] = cuda_float(arch_models.NVFP4_46_MARGIN)
+            d["KV_NVFP4_46_DEN_LO"] = cuda_float(arch_models.NVFP4_46_DEN_LO)
+            d["KV_NVFP4_46_DEN_HI"] = cuda_float(arch_models.NVFP4_46_DEN_HI)
         return d

@@ -115,3 +115,29 @@ def test_torch_tensors_are_used_without_a_copy(cp):
     from kvkit.testing.tolerance import DECODE_GPU_RTOL, rel_error
 
     assert rel_error(cp.asnumpy(o), ref) <= DECODE_GPU_RTOL
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "bfloat16"])
+def test_write_kv_4over6_equals_the_cpu_path(cp, dtype):
+    """nvfp4_4over6 through kvkit.write_kv for each input dtype (bf16 as a torch tensor), the
+    bytes of the CPU path; run under KVKIT_WRITE_NVFP4_46_VARIANT=0 and the default."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 64, 2, 128)).astype(np.float32)
+    x *= np.exp(rng.normal(0.0, 1.0, (2, 64, 2, 1))).astype(np.float32)
+    cpu, gpu = layers("nvfp4_4over6", d=128, nb=8)
+    for layer in (cpu, gpu):
+        layer.k_scale, layer.v_scale = 0.37, 5.0 / (6 * 448)
+    slots = rng.permutation(cpu.capacity)[:64].astype(np.int64)
+    if dtype == "bfloat16":
+        torch = pytest.importorskip("torch")
+        k, v = (torch.from_numpy(a).to("cuda", torch.bfloat16) for a in x)
+        k32, v32 = (t.float().cpu().numpy() for t in (k, v))
+        dev_slots = torch.from_numpy(slots).cuda()
+    else:
+        k32, v32 = (a.astype(dtype).astype(np.float32) for a in x)
+        k, v = (cp.asarray(a.astype(dtype)) for a in x)
+        dev_slots = cp.asarray(slots)
+    kvkit.write_kv(gpu, k, v, dev_slots, validate=True)
+    kvkit.write_kv(cpu, k32, v32, slots)
+    for name, plane in gpu.planes.items():
+        np.testing.assert_array_equal(plane.get(), cpu.planes[name], err_msg=name)

@@ -527,3 +527,64 @@ def test_dense_variant_1_equals_numba(name, in_dtype, slot_dtype, monkeypatch):
         after, want = plane_bytes(gpu), plane_bytes(cpu)
         for pn in before:
             assert (after[pn] == want[pn]).all(), f"{name} {pn}: out-of-range launch"
+
+
+def _nvfp4_46_blocks(n: int, seed: int) -> np.ndarray:
+    """(n, 16) float32 blocks for the 4over6 decision: Gaussian blocks with a log-normal spread
+    of block scales, then the blocks nearest to a tie (the fast errors cannot decide them;
+    kvkit.formats.arch_models nvfp4_46_candidates) and their one-ulp neighbours."""
+    from kvkit.formats import arch_models
+
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n, 16)).astype(np.float32)
+    x *= np.exp(rng.normal(0.0, 1.0, (n, 1))).astype(np.float32)
+    x = x.astype(np.float16).astype(np.float32)  # exact in every input dtype's neighbourhood
+    c = arch_models.nvfp4_46_candidates(x, 1.0)
+    gap = np.abs(c["E4"].astype(np.float64) - c["E6"]) / (c["den6"].astype(np.float64) ** 2)
+    near = x[np.argsort(np.where(c["sfc4"] != c["sfc6"], gap, np.inf))[:256]]
+    bits = near.view(np.uint32)
+    moved = [bits.copy() for _ in range(2)]
+    moved[0][:, 3] += np.uint32(1)
+    moved[1][:, 11] -= np.uint32(1)
+    return np.concatenate([x, near] + [m.view(np.float32) for m in moved])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_nvfp4_4over6_each_variant_equals_numba(in_dtype, d, monkeypatch):
+    """KVKIT_WRITE_NVFP4_46_VARIANT 0 and 1 (the fused-error decision with the spec's errors for
+    undecided blocks) give the Numba backend's bytes, hence each other's, on ~50k blocks
+    including the nearest ties (the fallback runs), for unit, calibrated and odd K / V scales;
+    plus a row of specials."""
+
+    fmt = formats.get("nvfp4_4over6", d)
+    heads, bs = 2, 16
+    x = _nvfp4_46_blocks(24_000, d)
+    rows = x.reshape(-1)[: (x.size // (2 * d)) * 2 * d].reshape(-1, heads, d)
+    rows[0, 0, :12] = SPECIAL_VALUES
+    n = rows.shape[0]
+    k = rows
+    v = rows[::-1].copy() * np.float32(0.37)
+    if in_dtype == "float16":
+        with np.errstate(over="ignore"):
+            k_in, v_in = k.astype(np.float16), v.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    elif in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k), codecs.bf16_bits_array(v)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    else:
+        k_in, v_in, k32, v32 = k, v, k, v
+    nb = -(-n // bs)
+    slots = np.random.default_rng(d).permutation(nb * bs)[:n].astype(np.int64)
+    for scales in ((1.0, 1.0), (5.0 / (6 * 448), 1.0 / 448), (0.3712, 7.25)):
+        got = {}
+        for variant in ("0", "1"):
+            monkeypatch.setenv("KVKIT_WRITE_NVFP4_46_VARIANT", variant)
+            cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d, scales=scales)
+            write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+            assert int(gpu.error_flag.get()[0]) == 0
+            assert_planes_equal(cpu, gpu, context=f"4over6 variant {variant} {in_dtype} {scales}")
+            got[variant] = plane_bytes(gpu)
+        for name in got["0"]:
+            assert np.array_equal(got["0"][name], got["1"][name]), name

@@ -127,3 +127,30 @@ def test_dense_variant_default_and_override(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "2")
     with pytest.raises(ValueError, match="KVKIT_WRITE_DENSE_VARIANT"):
         dense_launch_defines(fp8, "1")
+
+
+def test_nvfp4_46_variant_default_and_override(monkeypatch):
+    """KVKIT_WRITE_NVFP4_46_VARIANT: 1 by default, 0 on request, only for 4over6 (plain NVFP4
+    builds carry no variant define, so their kernels are the same whatever it says); the
+    4over6 format renders the decision's constants from kvkit.formats.arch_models."""
+    from kvkit.cuda import plain_steps
+    from kvkit.cuda.write import NVFP4_46_VARIANT_DEFAULT, nvfp4_launch_defines
+    from kvkit.formats import arch_models
+
+    nv, nv46 = formats.get("nvfp4", 128), formats.get("nvfp4_4over6", 128)
+    monkeypatch.delenv("KVKIT_WRITE_NVFP4_46_VARIANT", raising=False)
+    monkeypatch.delenv("KVKIT_WRITE_NVFP4_BPT", raising=False)
+    assert NVFP4_46_VARIANT_DEFAULT == 1
+    assert nvfp4_launch_defines(nv46, "1") == {"KV_NVFP4_BPT": "2", "KV_NVFP4_46_VARIANT": "1"}
+    assert nvfp4_launch_defines(nv46, "0")["KV_NVFP4_BPT"] == "1"
+    assert nvfp4_launch_defines(nv, "1") == {"KV_NVFP4_BPT": "2"}
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_46_VARIANT", "0")
+    assert nvfp4_launch_defines(nv46, "2")["KV_NVFP4_46_VARIANT"] == "0"
+    assert "KV_NVFP4_46_VARIANT" not in nvfp4_launch_defines(nv, "2")
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_46_VARIANT", "2")
+    with pytest.raises(ValueError, match="KVKIT_WRITE_NVFP4_46_VARIANT"):
+        nvfp4_launch_defines(nv46, "1")
+    assert "KVKIT_WRITE_NVFP4_46_VARIANT" in plain_steps.KERNEL_ENV  # part of a replay's key
+    d = nv46.cuda_defines()
+    assert float(d["KV_NVFP4_46_MARGIN"][:-1]) == arch_models.NVFP4_46_MARGIN
+    assert "KV_NVFP4_46_MARGIN" not in nv.cuda_defines()
