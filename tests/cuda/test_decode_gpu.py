@@ -597,7 +597,7 @@ def test_turboquant_packed_columns_match_the_unpacked_build(cp, name, head_dim, 
     the sequence end), soft-cap, every query dtype, FP8 keys (no q lo part: the padding
     columns repeat the hi part), and R = 8 (both builds unpacked: bit for bit)."""
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
-                seq_lens=[5 * 64 + 9, 300, 37, 3], window=window, softcap=softcap,
+                seq_lens=[5 * 64 + 9, 300, 37, 4], window=window, softcap=softcap,
                 q_dtype=q_dtype, seed=head_dim + 7 * group + q_len)  # fmt: skip
     ref_o, ref_lse = case.reference()
     for num_splits in (1, 3):
@@ -632,7 +632,7 @@ def test_nvfp4_rev1_tile_matches_rev0_tile(cp, block_size, head_dim, group, q_le
     PTX: no hardware E4M3; other head dims; two row tiles) both builds should agree bit for
     bit, which the test asserts where the 2^6 fold is the only change that can apply."""
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
-                block_size=block_size, seq_lens=[5 * block_size + 9, 300, 37, 3],
+                block_size=block_size, seq_lens=[5 * block_size + 9, 300, 37, 4],
                 window=window, seed=block_size + group + head_dim)  # fmt: skip
     ref_o, ref_lse = case.reference()
     swap = head_dim == 128 and group * q_len <= 8  # the copy-engine builds (on sm_90+)
