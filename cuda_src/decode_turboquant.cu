@@ -102,9 +102,16 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // -DKVKIT_DECODE_TQ_VARIANT (kvkit/cuda/decode.py; A/B runs): 1, the default, packs the
 // second operand parts into the padding columns of G * q_len <= 4 launches (decode_mma.cuh
 // KV_MMA_PACK: at G = 4, D = 128 16 of 32 score mmas, 8 of 16 query ldmatrix and 8 of 24 PV
-// mmas go, and the lo query rows' 8 KB of shared memory); 0 is the build before it.
+// mmas go, and the lo query rows' 8 KB of shared memory); 0 is the build before it. Default
+// from D = 128 only: measured on the H200 (session 11, graph ms, 1 vs 0) 4bit_nc at D = 128,
+// (64, 8192) 0.3006 / 0.3315; at (32, 4096) D = 256 0.1531 / 0.1683 but D = 64 0.0678 / 0.0635
+// (all four presets 5-7% slower there: the saved mmas are too few to pay for the fold).
 #ifndef KVKIT_DECODE_TQ_VARIANT
+#if KV_HEAD_DIM >= 128
 #define KVKIT_DECODE_TQ_VARIANT 1
+#else
+#define KVKIT_DECODE_TQ_VARIANT 0
+#endif
 #endif
 #define KV_MMA_PACK_OK (KVKIT_DECODE_TQ_VARIANT >= 1)
 #define KV_MMA_VF 1.0f

@@ -33,10 +33,10 @@ in one copy per warp and the warp's tokens in a bank-friendly order; float32 rou
 the same attention); ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
 copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``
-picks TurboQuant's tensor-core stage 1 without / with (the default) the packed mma columns of
-G * q_len <= 4 launches (the same scores bit for bit; the PV sums in another float32 order):
-all for A/B runs). With one split
-and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
+picks TurboQuant's tensor-core stage 1 without / with (the default from head_dim 128) the
+packed mma columns of G * q_len <= 4 launches (the same scores bit for bit; the PV sums in
+another float32 order): all for A/B runs). With one split and no sinks stage 1 writes o and
+lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
 split axis is that count. Global scales fold into the softmax
