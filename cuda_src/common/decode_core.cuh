@@ -102,7 +102,10 @@
 // The mma core keeps D / 8 accumulator floats per thread and row tile of 8 query rows: four
 // 128-thread CTAs per SM (<= 128 registers) with one row tile, two with two; D = 256 (one
 // row tile, 64 floats, like two row tiles at D = 128) two.
-#if KVD_USE_MMA
+#if defined(KVKIT_DECODE_MIN_BLOCKS)
+// The launcher's override (KVKIT_DECODE_MIN_BLOCKS, kvkit/cuda/decode.py; A/B runs).
+#define KVD_MIN_BLOCKS KVKIT_DECODE_MIN_BLOCKS
+#elif KVD_USE_MMA
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2)
 #else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)

@@ -284,10 +284,13 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
+    min_blocks = os.environ.get("KVKIT_DECODE_MIN_BLOCKS", "")
+    if min_blocks not in ("", "1", "2", "3", "4"):
+        raise ValueError(f"KVKIT_DECODE_MIN_BLOCKS={min_blocks!r}: want 1, 2, 3 or 4")
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant,
+        row_runs, tq_variant, min_blocks,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -300,6 +303,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if stage_kb:
         # The cp.async staging budget per CTA (tuning sweeps; default in decode_core.cuh).
         defines["KVD_STAGE_BUDGET_KB"] = stage_kb
+    if min_blocks:
+        # __launch_bounds__' resident CTAs per SM, i.e. the register cap (tuning sweeps;
+        # default in decode_core.cuh).
+        defines["KVKIT_DECODE_MIN_BLOCKS"] = min_blocks
     if mask_all:
         # No fully-visible-tile fast path in the tensor-core softmax (bitwise A/B tests).
         defines["KVKIT_DECODE_MASK_ALL"] = "1"
