@@ -260,33 +260,30 @@ def row_runs_default(fmt) -> bool:
     return bool(widths) and min(widths) >= ROW_RUNS_MIN_WIDTH
 
 
+def _env_choice(name: str, allowed: tuple[str, ...]) -> str:
+    """An A/B build switch from the environment: "" when unset, else one of ``allowed``
+    (anything else raises ValueError naming the variable)."""
+    value = os.environ.get(name, "")
+    if value not in ("", *allowed):
+        raise ValueError(f"{name}={value!r}: want one of {', '.join(allowed)}")
+    return value
+
+
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
     mask_all = os.environ.get("KVKIT_DECODE_MASK_ALL", "") == "1"
     no_runs = os.environ.get("KVKIT_DECODE_BULK_RUNS", "") == "0"
-    nvfp4_unpack = os.environ.get("KVKIT_DECODE_NVFP4_UNPACK", "")
-    if nvfp4_unpack not in ("", "0", "1"):
-        raise ValueError(f"KVKIT_DECODE_NVFP4_UNPACK={nvfp4_unpack!r}: want 0 or 1")
-    nvfp4_bulk = os.environ.get("KVKIT_DECODE_NVFP4_BULK", "")
-    if nvfp4_bulk not in ("", "0", "1"):
-        raise ValueError(f"KVKIT_DECODE_NVFP4_BULK={nvfp4_bulk!r}: want 0 or 1")
-    nvfp4_rev = os.environ.get("KVKIT_DECODE_NVFP4_REV", "")
-    if nvfp4_rev not in ("", "0", "1"):
-        raise ValueError(f"KVKIT_DECODE_NVFP4_REV={nvfp4_rev!r}: want 0 or 1")
-    row_runs = os.environ.get("KVKIT_DECODE_ROW_RUNS", "")
-    if row_runs not in ("", "0", "1"):
-        raise ValueError(f"KVKIT_DECODE_ROW_RUNS={row_runs!r}: want 0 or 1")
-    tq_variant = os.environ.get("KVKIT_DECODE_TQ_VARIANT", "")
-    if tq_variant not in ("", "0", "1"):
-        raise ValueError(f"KVKIT_DECODE_TQ_VARIANT={tq_variant!r}: want 0 or 1")
+    nvfp4_unpack = _env_choice("KVKIT_DECODE_NVFP4_UNPACK", ("0", "1"))
+    nvfp4_bulk = _env_choice("KVKIT_DECODE_NVFP4_BULK", ("0", "1"))
+    nvfp4_rev = _env_choice("KVKIT_DECODE_NVFP4_REV", ("0", "1"))
+    row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
+    tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
-    min_blocks = os.environ.get("KVKIT_DECODE_MIN_BLOCKS", "")
-    if min_blocks not in ("", "1", "2", "3", "4"):
-        raise ValueError(f"KVKIT_DECODE_MIN_BLOCKS={min_blocks!r}: want 1, 2, 3 or 4")
+    min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", ("1", "2", "3", "4"))
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,

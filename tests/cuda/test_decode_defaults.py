@@ -24,3 +24,15 @@ def test_row_runs_leave_nvfp4_d64_alone():
     # Measured slower with row runs (32-byte code rows); see kvkit/cuda/decode.py.
     assert not row_runs_default(formats.get("nvfp4", 64))
     assert row_runs_default(formats.get("nvfp4", 256))
+
+
+def test_build_switches_reject_unknown_values(monkeypatch):
+    from kvkit.cuda.decode import _env_choice
+
+    monkeypatch.delenv("KVKIT_DECODE_TQ_VARIANT", raising=False)
+    assert _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1")) == ""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_VARIANT", "1")
+    assert _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1")) == "1"
+    monkeypatch.setenv("KVKIT_DECODE_TQ_VARIANT", "2")
+    with pytest.raises(ValueError, match="KVKIT_DECODE_TQ_VARIANT='2'"):
+        _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
