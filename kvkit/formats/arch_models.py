@@ -629,6 +629,24 @@ def tq_near_key_index(t: np.ndarray, den, table: BucketTable) -> tuple[np.ndarra
     return idx.astype(np.int64), row_ok & ~near
 
 
+def _tq_value_row_terms(v, bits: int, floor_scale: float):
+    """The spec's per-row value quantities as both near-value models compute them: top =
+    2^bits - 1, the reciprocal r of the row's scale (1 for rows outside kv_divisor's range),
+    a = v - min per element, and row_ok (the row's scale inside that range)."""
+    v = np.asarray(v, np.float32)
+    top = np.float32((1 << bits) - 1)
+    with np.errstate(all="ignore"):
+        lo = np.fmin.reduce(v, axis=-1)
+        hi = np.fmax.reduce(v, axis=-1)
+        scale = ((hi - lo) / top).astype(np.float32)
+        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
+        scale = scale.astype(np.float32)
+        row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
+        a = (v - lo[..., None]).astype(np.float32)
+    return top, r, a, row_ok
+
+
 def tq_near_value_codes(
     v: np.ndarray, bits: int, floor_scale: float
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -646,17 +664,8 @@ def tq_near_value_codes(
     w + 0.5 and then Z are inside (k, k + 1): floor(Z) = k, and no clamp applies (Z < 16).
     A NaN v gives a NaN d: not ok.
     """
-    v = np.asarray(v, np.float32)
-    top = np.float32((1 << bits) - 1)
+    top, r, a, row_ok = _tq_value_row_terms(v, bits, floor_scale)
     with np.errstate(all="ignore"):
-        lo = np.fmin.reduce(v, axis=-1)
-        hi = np.fmax.reduce(v, axis=-1)
-        scale = ((hi - lo) / top).astype(np.float32)
-        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
-        scale = scale.astype(np.float32)
-        row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
-        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
-        a = (v - lo[..., None]).astype(np.float32)
         z = fma_f32(a, np.broadcast_to(r[..., None], a.shape), np.float32(0.5))
         fl = np.floor(z.astype(np.float64))  # RD(z + 2^23) - 2^23: exact for 0 <= z < 2^23
         d = (z.astype(np.float64) - (fl + 0.5)).astype(np.float32)  # exact, as on the GPU
@@ -733,17 +742,8 @@ def tq_near_value_codes_v3(
     w + 1/2 - k, then Z - k, in (2^-16 - 2^-19, 1 - 2^-16 + 2^-19) within (0, 1): floor(Z) = k,
     and 0 <= k <= top (a r < 15.5), so no clamp applies. A NaN element gives a NaN e: not ok.
     """
-    v = np.asarray(v, np.float32)
-    top = np.float32((1 << bits) - 1)
+    top, r, a, row_ok = _tq_value_row_terms(v, bits, floor_scale)
     with np.errstate(all="ignore"):
-        lo = np.fmin.reduce(v, axis=-1)
-        hi = np.fmax.reduce(v, axis=-1)
-        scale = ((hi - lo) / top).astype(np.float32)
-        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
-        scale = scale.astype(np.float32)
-        row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
-        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
-        a = (v - lo[..., None]).astype(np.float32)
         rr = np.broadcast_to(r[..., None], a.shape)
         g = fma_f32(a, rr, TQ_RINT_MAGIC)
         k = (g - TQ_RINT_MAGIC).astype(np.float32)
