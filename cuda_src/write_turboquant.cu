@@ -74,7 +74,9 @@
 // decisions of keys (TQ_BKT) and values (see kv_tq_rows); 3 = 2 with cheaper near decisions
 // (kv_tq_cell_v3, the loops under TQ_VARIANT >= 3), the rotation signs XORed into the input
 // words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
-// branch for all row pieces.
+// branch for all row pieces; 4 = 3 with codes packed by windows where a plane's 16-bit units
+// each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
+// and 256, 4-bit at D = 64) and the exact key fallback dividing in place.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -236,20 +238,80 @@ typedef unsigned int KvTqPiece;
 #define TQ_PUT_CODE(piece, j, bits, code) \
     ((piece) = ((j) == 0 ? (KvTqPiece)0 : (piece)) | ((KvTqPiece)(code) << ((bits) * (j))))
 
+// Returns a pointer that is dst + base on lane p = 0 (the row's lane that stores the plane's
+// scalars): under variant 4, the one pointer the window packing derives from dst, so the
+// lane-0 stores after it need no second live copy of dst (which ptxas otherwise spilled on
+// sm_90 at 64 registers).
 // The b-bit codes (pieces c[r]: element (p + L r) E + j of the row, each < 2^BITS) into the slot's
 // LSB-first stream at byte offset `base`, packed in registers. Spec lane v's E codes are the
 // stream's bits [v E b, v E b + E b); G consecutive spec lanes (G a power of two <= L, the
 // same r) make U whole 16-bit units, ORed together by xor shuffles inside the row, and lane
 // q < U of each group stores unit q (and q + G, ...). Every lane runs the shuffles; only
 // `store` lanes write.
+// Variant 4's window packing (kv_tq_store_codes_window) applies to pieces of PB bits in rows
+// of L lanes when every 16-bit unit of the stream lies in the pieces of two neighbouring
+// spec lanes v, v + 1 of the same row piece r, at most 16 bits above the start of v's piece
+// (so in the 32-bit window v | (v + 1) << PB), and each L-lane run of pieces ends on a unit
+// boundary (L PB % 16 == 0: a unit never needs the next row piece's lane 0). Pieces of one
+// 16-bit unit (G == 1) store themselves; 32 bits or more keep the group packing.
+__host__ __device__ constexpr bool kv_tq_window_ok(int pb, int l) {
+    if (pb >= 32 || kv_tq_group(pb) == 1 || (l * pb) % 16) return false;
+    for (int q = 0; q < l; ++q)
+        for (int s = (q * pb + 15) / 16 * 16; s < (q + 1) * pb; s += 16)
+            if (s - q * pb + 16 > 32 || s - q * pb + 16 > 2 * pb) return false;
+    return true;
+}
+
+// The codes' stream by windows (variant 4, where kv_tq_window_ok): lane p owns the units that
+// start inside its piece (stream bits [v PB, v PB + PB), v = p + L r), at offsets o, o + 16,
+// ... from the piece's start; it forms w = piece | next << PB with the next spec lane's piece
+// (one 32-bit shuffle down; the bits past 32 are never needed) and stores w >> o, (w >> o) >>
+// 16, ...: one shuffle, one shifted add and a shift per row piece, where the group packing
+// took two butterfly shuffles of 64-bit pieces and 64-bit shifts by lane-dependent amounts
+// (3-bit codes at D = 128: 12-bit pieces, G = 4). The same stream bits: unit u of the row is
+// bits [16 u, 16 u + 16) of the concatenated pieces either way.
 template <int BITS, int R, int E>
-__device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, const KvTqPiece (&c)[R], int p,
-                                                  bool store, bool even) {
+__device__ __forceinline__ unsigned char* kv_tq_store_codes_window(unsigned char* dst, int base,
+                                                                   const KvTqPiece (&c)[R], int p, bool store,
+                                                                   bool even) {
+    constexpr int L = 32 / R;
+    constexpr int PB = E * BITS;
+    constexpr int K = (PB + 15) / 16;  // the most units starting in one piece
+    static_assert(kv_tq_window_ok(PB, L), "window packing needs kv_tq_window_ok");
+    // p through an opaque move: the key and value planes of one format share PB, and with p
+    // itself ptxas kept the value plane's offsets and predicate live through the key section for
+    // the key stores (a spill on sm_90 at 64 registers); five instructions recompute them.
+    int pq;
+    asm volatile("mov.b32 %0, %1;" : "=r"(pq) : "r"(p));
+    const int start = pq * PB;                     // the piece's first stream bit (r = 0)
+    const int first = (start + 15) & ~15;          // the first unit starting at or after it
+    const int o = first - start;                   // its offset in the window
+    unsigned char* const d = dst + base + (first >> 3);  // its first unit's byte (dst + base at p = 0)
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+        const unsigned int own = (unsigned int)c[r];
+        const unsigned int next = __shfl_down_sync(KV_FULL_WARP, own, 1);
+        const unsigned int w = (own + (next << PB)) >> o;  // own < 2^PB: the add is an OR
+        if (store) {
+#pragma unroll
+            for (int k = 0; k < K; ++k)
+                if (first + 16 * k < start + PB) kv_tq_store16(d, (L * r * PB) / 8 + 2 * k, w >> (16 * k), even);
+        }
+    }
+    return d;
+}
+
+template <int BITS, int R, int E>
+__device__ __forceinline__ unsigned char* kv_tq_store_codes(unsigned char* dst, int base, const KvTqPiece (&c)[R],
+                                                            int p, bool store, bool even) {
     constexpr int L = 32 / R;
     constexpr int PB = E * BITS;
     constexpr int G = kv_tq_group(PB);
     constexpr int U = G * PB / 16;
     static_assert(G <= L && G * PB <= 64, "a group's codes must fit 64 bits inside one row");
+#if TQ_VARIANT >= 4
+    if constexpr (kv_tq_window_ok(PB, L)) return kv_tq_store_codes_window<BITS, R, E>(dst, base, c, p, store, even);
+#endif
     const int q = p % G;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -279,7 +341,7 @@ __device__ __forceinline__ void kv_tq_store_codes(unsigned char* dst, int base, 
                     if (u + q < U) kv_tq_store16(dst, byte0 + 2 * (u + q), (unsigned int)(piece >> (16 * (u + q))), even);
             }
         }
-    }
+    }    return dst + base;
 }
 
 // The shared tables kv_tq_rows reads: the cell table, the midpoints and codebook, or none.
@@ -437,6 +499,16 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #pragma unroll
                     for (int j = 0; j < TQ_E; ++j) x[r][j] = 0.0f;
             } else {
+#if TQ_VARIANT >= 4
+                // The near decisions failed (rare: a lane with an element within 2^-20 of a
+                // midpoint, or a den out of kv_divisor's range): __fdiv_rn in place. kv_div_by
+                // gives the same bits faster, but its quotient array beside x spilled on sm_90
+                // at 64 registers, and this path runs in well under 1% of warps.
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) x[r][j] = __fdiv_rn(x[r][j], den);
+#else
                 const KvDivisor dv = kv_divisor(den);
                 bool ok = dv.ok;
                 float y[R][TQ_E];
@@ -454,6 +526,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                 for (int r = 0; r < R; ++r)
 #pragma unroll
                     for (int j = 0; j < TQ_E; ++j) x[r][j] = y[r][j];
+#endif
             }
 #pragma unroll
             for (int r = 0; r < R; ++r) {
@@ -481,11 +554,16 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
             }
         }
         const float cn = __fsqrt_rn(kv_vlane_sum_lanes<R>(acc));
+#if TQ_VARIANT >= 4
+        unsigned char* const d0 = kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
+#else
         kv_tq_store_codes<TQ_KEY_BITS, R, TQ_E>(dst, 0, c, p, active, even);
-        if (active && p == 0) {
+        unsigned char* const d0 = dst;
+#endif
+        if (active && p == 0) {  // d0 == dst on this lane
             float ratio = 0.0f;
             if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
-            kv_tq_store16(dst, TQ_KEY_NORM_OFFSET, kv_f16_bits_sat(ratio), even);
+            kv_tq_store16(d0, TQ_KEY_NORM_OFFSET, kv_f16_bits_sat(ratio), even);
         }
     }
 #endif
@@ -621,11 +699,18 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             }
         }
     }
+#if TQ_VARIANT >= 4
+    // dv - TQ_VALUE_OFFSET == dst on lane 0 (kv_tq_store_codes' return)
+    unsigned char* const d0 = kv_tq_store_codes<TQ_VALUE_BITS, R, TQ_E>(dst, TQ_VALUE_OFFSET, c, p, active, even)
+                              - TQ_VALUE_OFFSET;
+#else
     kv_tq_store_codes<TQ_VALUE_BITS, R, TQ_E>(dst, TQ_VALUE_OFFSET, c, p, active, even);
-    if (active && p == 0) {
-        kv_tq_store16(dst, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
-        kv_tq_store16(dst, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
-        for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) dst[j] = 0;  // pad
+    unsigned char* const d0 = dst;
+#endif
+    if (active && p == 0) {  // d0 == dst on this lane
+        kv_tq_store16(d0, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
+        kv_tq_store16(d0, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
+        for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) d0[j] = 0;  // pad
     }
 }
 

@@ -209,15 +209,24 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: Measured on the H200 (session 11, write_ab.py, same settings), variant 2 / 3 ms over 6
 #: rounds: 4bit_nc 1.384 / 1.246, k3v4 1.446 / 1.316, k8v4 1.253 / 1.195; over 3 rounds 3bit_nc
 #: 1.539 / 1.433. The GPU write tests passed under it natively and through sm_80.
+#: 4 (session 11 helper, compiled, not yet run on a GPU) = 3 with 3-bit codes packed by windows
+#: (write_turboquant.cu kv_tq_store_codes_window, arch_models.tq_window_units): where a plane's
+#: 16-bit units each lie in two neighbouring lanes' pieces (3-bit codes at D = 128 / 256, 4-bit
+#: at D = 64), one 32-bit shuffle down, a shifted add and a shift per row piece replace the
+#: butterfly shuffles of 64-bit pieces; and the rare exact key fallback divides in place
+#: (__fdiv_rn, the same bits as kv_div_by, no quotient array: no spill). Static common path
+#: (sm_90, fp16, D = 128, per warp): 3bit_nc 1064 -> 909, k3v4 973 -> 898; 4bit_nc and k8v4
+#: unchanged (868, 456). benchmarks/NOTES.md "tqw4".
 TQ_VARIANT_DEFAULT = 3
+TQ_VARIANTS = (0, 1, 2, 3, 4)
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
     """``TQ_VARIANT`` of ``kvkit_write_turboquant`` (see TQ_VARIANT_DEFAULT): the environment's
-    KVKIT_WRITE_TQ_VARIANT (0, 1, 2 or 3) or the default; 2 and 3 fall back to 1 for MSE keys
+    KVKIT_WRITE_TQ_VARIANT (TQ_VARIANTS) or the default; 2, 3 and 4 fall back to 1 for MSE keys
     without a cell table (the near decisions need one) or whose table fails
     ``tq_near_table_ok``."""
-    override = _env_int("KVKIT_WRITE_TQ_VARIANT", (0, 1, 2, 3))
+    override = _env_int("KVKIT_WRITE_TQ_VARIANT", TQ_VARIANTS)
     v = TQ_VARIANT_DEFAULT if override is None else override
     if v >= 2 and fmt.key_kind == "mse":
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)

@@ -785,3 +785,53 @@ def tq_sign_words(signs, lanes: int, rows: int, e: int, word_bits: int) -> np.nd
                     if s[i] < 0:
                         c[r, w] |= np.uint64(1 << (word_bits * (k + 1) - 1 - p))
     return c.astype(np.uint32)
+
+
+# --- TurboQuant code packing by windows, variant 4 (cuda_src/write_turboquant.cu) ------------
+
+
+def tq_window_ok(pb: int, lanes: int) -> bool:
+    """write_turboquant.cu kv_tq_window_ok: pieces of pb bits (a spec lane's e codes of b bits)
+    in rows of ``lanes`` lanes can be stored by windows: pb < 32, a piece is not itself a whole
+    number of 16-bit units (else it stores itself), lanes * pb % 16 == 0 (an L-lane run of
+    pieces ends on a unit boundary), and every unit starting inside a piece (offset o from its
+    start) ends within that piece and the next, inside 32 bits: o + 16 <= min(2 pb, 32)."""
+    g = 1
+    while (g * pb) % 16:
+        g *= 2
+    if pb >= 32 or g == 1 or (lanes * pb) % 16:
+        return False
+    for q in range(lanes):
+        for s in range((q * pb + 15) // 16 * 16, (q + 1) * pb, 16):
+            if s - q * pb + 16 > min(2 * pb, 32):
+                return False
+    return True
+
+
+def tq_window_units(pieces: np.ndarray, pb: int, lanes: int, rng=None) -> dict[int, int]:
+    """Variant 4's stores of one row's code stream (kv_tq_store_codes_window), as the kernel's
+    lanes compute them: pieces (rows * lanes,) uint32, spec lane v = p + lanes * r holding the
+    stream's bits [v pb, v pb + pb). Lane p of row piece r takes next = the piece of lane p + 1
+    (__shfl_down_sync by 1; for p = lanes - 1 that is another row piece's or row's lane, random
+    here since it must never matter), forms w = (own + next << pb) mod 2^32 >> o and stores
+    unit k = (w >> 16 k) & 0xFFFF at stream byte first / 8 + lanes r pb / 8 + 2 k while
+    first + 16 k < p pb + pb (first = p pb rounded up to 16, o = first - p pb). Returns
+    {byte offset: 16-bit unit} and raises if two stores hit one unit."""
+    rng = np.random.default_rng(0) if rng is None else rng
+    pieces = np.asarray(pieces, np.uint64)
+    rows = len(pieces) // lanes
+    out: dict[int, int] = {}
+    for r in range(rows):
+        for p in range(lanes):
+            own = int(pieces[p + lanes * r])
+            nxt = int(pieces[p + 1 + lanes * r]) if p + 1 < lanes else int(rng.integers(0, 1 << 32))
+            start = p * pb
+            first = (start + 15) // 16 * 16
+            w = ((own + (nxt << pb)) & 0xFFFFFFFF) >> (first - start)
+            for k in range((pb + 15) // 16):
+                if first + 16 * k < start + pb:
+                    at = first // 8 + lanes * r * pb // 8 + 2 * k
+                    if at in out:
+                        raise AssertionError(f"unit at byte {at} stored twice")
+                    out[at] = (w >> (16 * k)) & 0xFFFF
+    return out

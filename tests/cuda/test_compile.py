@@ -241,6 +241,26 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, ptx.name])
 
 
+@pytest.mark.parametrize("arch", TARGETS)
+def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
+    fallback): every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every input
+    dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the default)."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
+    bad = []
+    for name in TQ:
+        for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
+            for dt in ("0", "1", "2"):
+                defines = _defines(name, d, dt)
+                assert defines["TQ_VARIANT"] == "4"
+                res = compile_entry("write_turboquant.cu", defines, arch, verbose_ptxas=True)
+                spills = _SPILL_RE.findall(res.log)
+                assert spills, f"no ptxas statistics for {name} D={d} dtype {dt}: {res.log!r}"
+                if any(int(s) or int(lo) for s, lo in spills):
+                    bad.append((name, d, dt, spills))
+    assert bad == []
+
+
 def test_turboquant_write_without_a_cell_table_compiles():
     """The binary-search bucketing (a user codebook whose midpoints no 256-cell table
     separates: tq_launch_defines then gives no TQ_BKT) builds without spills."""

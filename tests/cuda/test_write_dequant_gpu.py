@@ -411,7 +411,9 @@ def test_fp8_scales_at_extreme_exponents(scale, in_dtype):
 @pytest.mark.parametrize(
     "name,d",
     [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64), ("turboquant_k8v4", 192),
-     ("nvfp4", 64), ("fp8_e4m3", 48)],
+     ("nvfp4", 64), ("fp8_e4m3", 48),
+     # TQ_VARIANT 4's window packing (3-bit codes at D = 128 / 256, 4-bit at D = 64):
+     ("turboquant_3bit_nc", 128), ("turboquant_k3v4_nc", 256), ("turboquant_4bit_nc", 64)],
 )  # fmt: skip
 @pytest.mark.parametrize("in_dtype", IN_DTYPES)
 def test_odd_address_planes_and_unaligned_inputs(name, d, in_dtype):

@@ -219,3 +219,43 @@ def test_sign_flip_by_xor_is_negation_for_every_half():
         nan = np.isnan(a)
         assert np.array_equal(np.isnan(b), nan)
         assert np.array_equal((-a[~nan]).view(np.uint32), b[~nan].view(np.uint32))
+
+
+# --- variant 4: code packing by windows (arch_models.tq_window_units) ---------------------------
+
+
+@pytest.mark.parametrize("bits, e, lanes", [(3, 4, 8), (3, 8, 8), (4, 2, 8), (3, 4, 16),
+                                            (3, 8, 16), (4, 2, 16), (3, 2, 8), (4, 4, 8),
+                                            (4, 8, 8), (3, 4, 4)])  # fmt: skip
+def test_window_packing_equals_plain_packing(bits, e, lanes):
+    """Where tq_window_ok holds (3-bit codes at D = 128 / 256, 4-bit at D = 64), the window
+    stores of every lane cover the row's packed codes exactly once, unit for unit, for random
+    codes and for every code value at every position; elsewhere the kernel keeps the group
+    packing (the model is not used)."""
+    from kvkit.formats import bitpack
+
+    pb = bits * e
+    ok = arch_models.tq_window_ok(pb, lanes)
+    want_ok = (bits, e) in ((3, 4), (3, 8), (4, 2)) and (lanes * pb) % 16 == 0
+    assert ok == want_ok, (bits, e, lanes)
+    if not ok:
+        return
+    rows = 32 // lanes
+    d = rows * lanes * e
+    rng = np.random.default_rng(bits * 100 + e * 10 + lanes)
+    tests = [rng.integers(0, 1 << bits, size=d) for _ in range(200)]
+    tests += [np.full(d, c) for c in range(1 << bits)]
+    tests += [np.where(np.arange(d) == i, (1 << bits) - 1, 0) for i in range(d)]
+    for codes in tests:
+        want = bitpack.pack_array(codes.astype(np.uint8), bits)
+        assert len(want) % 2 == 0
+        pieces = np.zeros(d // e, np.uint64)
+        for v in range(d // e):
+            for j in range(e):
+                pieces[v] |= np.uint64(int(codes[v * e + j]) << (bits * j))
+        units = arch_models.tq_window_units(pieces, pb, lanes, rng)
+        assert sorted(units) == list(range(0, len(want), 2))
+        got = np.zeros(len(want), np.uint8)
+        for at, u in units.items():
+            got[at], got[at + 1] = u & 0xFF, u >> 8
+        assert np.array_equal(got, want)
