@@ -60,6 +60,8 @@ RULES = [
     (r"if \(cn != 0.0f\)", r"FSETP", r"^@!P", False),
     (r".", r"^FCHK", r"^@!P", True),  # __fdiv_rn: operands in the fast range
     (r"if \(vlo == 0.0f \|\| vhi == 0.0f\)", r"FSETP\.NEU", r"^@P\d BRA P", True),
+    # variant 4: the same test, warp-uniform (no row with a zero extreme: skipped)
+    (r"if \(__any_sync\(KV_FULL_WARP, vlo == 0.0f", r"VOTE\.ANY", r"^@!P", True),
 ]
 
 #: phase markers: (text of a source line, phase from that line on), searched from kv_tq_keys

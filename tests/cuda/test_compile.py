@@ -261,6 +261,36 @@ def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
     assert bad == []
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
+def test_turboquant_write_variant_4_shuffles_are_warp_uniform(arch, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=4: no shuffle / vote runs under a branch that only some lanes
+    take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as first written
+    shuffled the rows' first zeros with a full mask under the per-row test `vlo == 0 || vhi ==
+    0`: undefined whenever a warp mixed rows of zeros (padding slots, rows past the end) with
+    other rows, and on an H200 its window shuffles then read other row pieces' codes (wrong key
+    bytes under compute-sanitizer) or died with an illegal instruction. Variant 3 has the same
+    branch (kept for its frozen PTX) and happened to survive it, so GPU runs are no guard."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parents[2] / "scripts" / "ptx_warp_sync.py"
+    spec = importlib.util.spec_from_file_location("ptx_warp_sync", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
+    bad = []
+    for name in TQ:
+        for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
+            for dt in ("0", "1", "2"):
+                res = compile_entry(
+                    "write_turboquant.cu", _defines(name, d, dt), arch, ptx_only=True
+                )
+                found = mod.divergent_syncs(res.ptx)
+                if found:
+                    bad.append((name, d, dt, found[0]))
+    assert bad == []
+
+
 def test_turboquant_write_without_a_cell_table_compiles():
     """The binary-search bucketing (a user codebook whose midpoints no 256-cell table
     separates: tq_launch_defines then gives no TQ_BKT) builds without spills."""

@@ -196,6 +196,12 @@ def dequant_both(cpu, gpu, slots):
          dtype="float32", magnitude=60000.0, padding=0.2, specials=True, scale="odd",
          slot_dtype="int64")
 )  # fmt: skip
+@example(  # padding rows (zeros: a zero V extreme) beside other rows in a warp, a partial last
+    # warp, 3-bit window packing: variant 4 first shuffled under a per-row branch here
+    dict(name="turboquant_k3v4_nc", d=128, bs=16, heads=1, num_blocks=2, n=18, seed=3,
+         dtype="float32", magnitude=1.0, padding=0.3, specials=False, scale="one",
+         slot_dtype="int32")
+)  # fmt: skip
 def test_cuda_write_and_dequantize_equal_numba(c):
     import cupy
 
@@ -374,6 +380,50 @@ def test_turboquant_rows_at_extreme_exponents(name, in_dtype):
     slots = np.arange(n, dtype=np.int32)
     write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
     assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("d", MSE_DIMS)
+@pytest.mark.parametrize("name", [n for n in formats.names() if n.startswith("turboquant")])
+def test_turboquant_warps_mixing_zero_rows_with_other_rows(name, d, in_dtype):
+    """One warp writes 2 or 4 rows. Warps here mix rows whose V minimum or maximum is a zero
+    (all-zero rows, padding slots and rows past the end compute on zeros too) with rows that
+    have none, and with rows that take the exact key fallback (a huge element): the first
+    variant-4 kernel shuffled the zero rows' first zeros under a per-row branch with a full
+    mask, and then wrote wrong key codes (or died with an illegal instruction) on an H200.
+    23 tokens: the last warp is partial."""
+    fmt = formats.get(name, d)
+    rng = np.random.default_rng(21)
+    n = 23
+    k = rng.standard_normal((n, 1, d))
+    v = rng.standard_normal((n, 1, d))
+    slots = np.arange(n, dtype=np.int64)
+    for t in range(n):
+        kind = t % 7
+        if kind == 1:  # V minimum +0 (and -0 elements after it)
+            v[t, 0] = np.abs(v[t, 0])
+            v[t, 0, rng.choice(d, 3, replace=False)] = [0.0, -0.0, 0.0]
+        elif kind == 2:  # padding
+            slots[t] = -1
+        elif kind == 3:  # exact key fallback (den beyond kv_divisor's range)
+            k[t, 0] *= 2.0**-120
+            k[t, 0, rng.integers(d)] = 2.0**120
+        elif kind == 4:  # all zero
+            k[t, 0] = 0.0
+            v[t, 0] = 0.0
+        elif kind == 6:  # V maximum -0
+            v[t, 0] = -np.abs(v[t, 0])
+            v[t, 0, rng.choice(d, 2, replace=False)] = [-0.0, 0.0]
+    k32, v32 = k.astype(np.float32), v.astype(np.float32)
+    if in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    else:
+        k_in, v_in = k32, v32
+    cpu, gpu = make_layers(fmt, 1, 2, 16, seed=5)
+    write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+    assert_planes_equal(cpu, gpu, context=f"{name} D={d} {in_dtype} mixed warps")
 
 
 @pytest.mark.gpu
