@@ -599,17 +599,14 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         vlo = fminf(vlo, __shfl_xor_sync(KV_FULL_WARP, vlo, m));
         vhi = fmaxf(vhi, __shfl_xor_sync(KV_FULL_WARP, vhi, m));
     }
-#if TQ_VARIANT >= 4
-    // Warp-uniform: the shuffles below name all 32 lanes, so all 32 must run them. The test
-    // per row (variant 3's, below) left the lanes of rows without a zero extreme waiting at
-    // the branch's end while the others shuffled with a full mask: undefined, and on an H200
-    // it broke variant 4's later window shuffles (wrong key bytes, or an illegal instruction)
-    // in any warp that mixed such rows with rows of zeros (padding slots, rows past the end).
-    // A row without a zero extreme computes `first` and ignores it (its vlo and vhi are not 0).
+    // Warp-uniform, in every variant: the shuffles below name all 32 lanes, so all 32 must run
+    // them. A test per row left the lanes of rows without a zero extreme waiting at the
+    // branch's end while the others shuffled with a full mask: undefined, and on an H200 it
+    // broke variant 4's later window shuffles (wrong key bytes, or an illegal instruction) in
+    // any warp that mixed such rows with rows of zeros (padding slots, rows past the end;
+    // benchmarks/NOTES.md tqw4). A row without a zero extreme computes `first` and ignores
+    // it (its vlo and vhi are not 0).
     if (__any_sync(KV_FULL_WARP, vlo == 0.0f || vhi == 0.0f)) {
-#else
-    if (vlo == 0.0f || vhi == 0.0f) {  // row-uniform
-#endif
         unsigned int first = 0xFFFFFFFFu;  // (element index << 1) | sign of the first zero
 #pragma unroll
         for (int r = R - 1; r >= 0; --r)

@@ -209,14 +209,16 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: Measured on the H200 (session 11, write_ab.py, same settings), variant 2 / 3 ms over 6
 #: rounds: 4bit_nc 1.384 / 1.246, k3v4 1.446 / 1.316, k8v4 1.253 / 1.195; over 3 rounds 3bit_nc
 #: 1.539 / 1.433. The GPU write tests passed under it natively and through sm_80.
-#: 4 (session 11 helper, compiled, not yet run on a GPU) = 3 with 3-bit codes packed by windows
+#: 4 (session 11 helper) = 3 with 3-bit codes packed by windows
 #: (write_turboquant.cu kv_tq_store_codes_window, arch_models.tq_window_units): where a plane's
 #: 16-bit units each lie in two neighbouring lanes' pieces (3-bit codes at D = 128 / 256, 4-bit
 #: at D = 64), one 32-bit shuffle down, a shifted add and a shift per row piece replace the
 #: butterfly shuffles of 64-bit pieces; and the rare exact key fallback divides in place
 #: (__fdiv_rn, the same bits as kv_div_by, no quotient array: no spill). Static common path
-#: (sm_90, fp16, D = 128, per warp): 3bit_nc 1064 -> 909, k3v4 973 -> 898; 4bit_nc and k8v4
-#: unchanged (868, 456). benchmarks/NOTES.md "tqw4".
+#: (sm_90, fp16, D = 128, per warp): 3bit_nc 1064 -> 901, k3v4 973 -> 891; 4bit_nc and k8v4
+#: unchanged (868, 456). benchmarks/NOTES.md "tqw4". Every variant tests a row's zero
+#: extremes warp-uniformly (__any_sync) before its full-mask shuffles: the per-row test was
+#: undefined in warps that mix padding rows with others (it broke variant 4 on the H200).
 TQ_VARIANT_DEFAULT = 3
 TQ_VARIANTS = (0, 1, 2, 3, 4)
 

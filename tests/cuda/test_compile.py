@@ -261,15 +261,17 @@ def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
     assert bad == []
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
-def test_turboquant_write_variant_4_shuffles_are_warp_uniform(arch, monkeypatch):
-    """KVKIT_WRITE_TQ_VARIANT=4: no shuffle / vote runs under a branch that only some lanes
-    take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as first written
-    shuffled the rows' first zeros with a full mask under the per-row test `vlo == 0 || vhi ==
-    0`: undefined whenever a warp mixed rows of zeros (padding slots, rows past the end) with
-    other rows, and on an H200 its window shuffles then read other row pieces' codes (wrong key
-    bytes under compute-sanitizer) or died with an illegal instruction. Variant 3 has the same
-    branch (kept for its frozen PTX) and happened to survive it, so GPU runs are no guard."""
+@pytest.mark.parametrize("arch, variant", [("sm_80", "4"), ("sm_90", "4"), ("sm_120a", "4"),
+                                           ("sm_80", "3"), ("sm_90", "3")])  # fmt: skip
+def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=4 and 3 (the default): no shuffle / vote runs under a branch that
+    only some lanes take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as
+    first written shuffled the rows' first zeros with a full mask under the per-row test `vlo
+    == 0 || vhi == 0`: undefined whenever a warp mixed rows of zeros (padding slots, rows past
+    the end) with other rows, and on an H200 its window shuffles then read other row pieces'
+    codes (wrong key bytes under compute-sanitizer) or died with an illegal instruction.
+    Variant 3 had the same branch and happened to survive it, so GPU runs are no guard; every
+    variant now tests it warp-uniformly (__any_sync)."""
     import importlib.util
     from pathlib import Path
 
@@ -277,7 +279,7 @@ def test_turboquant_write_variant_4_shuffles_are_warp_uniform(arch, monkeypatch)
     spec = importlib.util.spec_from_file_location("ptx_warp_sync", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
     bad = []
     for name in TQ:
         for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
