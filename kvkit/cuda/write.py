@@ -220,16 +220,26 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: extremes warp-uniformly (__any_sync) before its full-mask shuffles: the per-row test was
 #: undefined in warps that mix padding rows with others (it broke variant 4 on the H200).
 TQ_VARIANT_DEFAULT = 3
+#: Variant 4 is the default where both the keys and the values are 3-bit codes (3bit_nc),
+#: the case its window packing was written for. Measured on the H200 (session 11, call 7),
+#: 3 -> 4: scripts/write_ab.py --rounds 4 kernel ms 3bit_nc 1.396 -> 1.283; benchmarks/run.py
+#: write rows (pages) 1.438 -> 1.226. k3v4 (3-bit keys only) and k8v4 / 4bit_nc measured
+#: within the noise or worse in one of the two (write_ab k3v4 1.308 -> 1.448 with a 1.18-1.56
+#: spread; run.py 1.288 -> 1.259), so they keep 3 until a cleaner measurement.
+TQ_VARIANT_DEFAULT_3BIT = 4
 TQ_VARIANTS = (0, 1, 2, 3, 4)
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
-    """``TQ_VARIANT`` of ``kvkit_write_turboquant`` (see TQ_VARIANT_DEFAULT): the environment's
-    KVKIT_WRITE_TQ_VARIANT (TQ_VARIANTS) or the default; 2, 3 and 4 fall back to 1 for MSE keys
-    without a cell table (the near decisions need one) or whose table fails
-    ``tq_near_table_ok``."""
+    """``TQ_VARIANT`` of ``kvkit_write_turboquant``: the environment's KVKIT_WRITE_TQ_VARIANT
+    (TQ_VARIANTS) or the default (TQ_VARIANT_DEFAULT; TQ_VARIANT_DEFAULT_3BIT for 3-bit keys
+    and values); 2, 3 and 4 fall back to 1 for MSE keys without a cell table (the near
+    decisions need one) or whose table fails ``tq_near_table_ok``."""
     override = _env_int("KVKIT_WRITE_TQ_VARIANT", TQ_VARIANTS)
-    v = TQ_VARIANT_DEFAULT if override is None else override
+    default = TQ_VARIANT_DEFAULT
+    if fmt.key_kind == "mse" and fmt.key_bits == 3 and fmt.value_bits == 3:
+        default = TQ_VARIANT_DEFAULT_3BIT
+    v = default if override is None else override
     if v >= 2 and fmt.key_kind == "mse":
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)
         if table is None or not tq_near_table_ok(table):
