@@ -20,7 +20,8 @@ heads and all q_len queries of that KV head, so every cache byte is read once pe
 from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 and G * q_len <= 8 at
 head_dim 256 (every format; ``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise
 (``decode_core.cuh``; ``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides
-the staging budget per CTA, for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
+the staging budget per CTA and ``KVKIT_DECODE_MIN_BLOCKS`` (1-4) the resident CTAs per SM that
+the register cap is set for, both for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
 the tensor-core stage 1 through the masked softmax, which fully visible tiles skip: tests
 compare the two bit for bit; ``KVKIT_DECODE_BULK_RUNS=0`` copies the bulk row planes of fp16 /
 bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NVFP4_UNPACK=0`` /
