@@ -20,7 +20,7 @@ heads and all q_len queries of that KV head, so every cache byte is read once pe
 from there: on tensor cores for G * q_len <= 16 at head_dim <= 128 and G * q_len <= 8 at
 head_dim 256 (every format; ``cuda_src/common/decode_mma.cuh``), on the CUDA cores otherwise
 (``decode_core.cuh``; ``KVKIT_DECODE_SIMT=1`` forces it; ``KVKIT_DECODE_STAGE_KB`` overrides
-the staging budget per CTA and ``KVKIT_DECODE_MIN_BLOCKS`` (1-4) the resident CTAs per SM that
+the staging budget per CTA and ``KVKIT_DECODE_MIN_BLOCKS`` (1-8) the resident CTAs per SM that
 the register cap is set for, both for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
 the tensor-core stage 1 through the masked softmax, which fully visible tiles skip: tests
 compare the two bit for bit; ``KVKIT_DECODE_BULK_RUNS=0`` copies the bulk row planes of fp16 /
@@ -284,7 +284,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
-    min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", ("1", "2", "3", "4"))
+    min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", tuple("12345678"))
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
