@@ -16,21 +16,34 @@
 // handled in chunks of KVM_COLS columns held in registers.
 #include "common/softmax_state.cuh"
 
-// At most 4 warps per block: a small block keeps the tail of the grid short.
+// kv_merge_states: warps per block (one row each); a small block keeps the tail of the grid
+// short.
 #define KVM_WARPS 4
-// Columns per lane per pass: 8 x 32 lanes = 256 columns, every head_dim up to 256 in one
-// pass over the splits (512 in two).
+// Columns per lane per pass of kv_merge_states: 8 x 32 lanes = 256 columns, every head_dim up
+// to 256 in one pass over the parts (512 in two).
 #define KVM_VEC 8
 #define KVM_COLS (KVM_VEC * KV_WARP)
-// Splits whose partial accumulators one lane loads before using any of them (4 x 8 floats).
-#define KVM_SB 4
 
-// Grid (rows), block 32 * W threads (W = min(KVM_WARPS, num_splits) warps), dynamic shared
-// memory 4 * (W * head_dim + num_splits) bytes. One CTA per row: warp 0 finds M, the weights
-// w_s and L; warp w then sums the splits s = w, w + W, ... (in increasing s, KVM_SB of them
-// loaded before their FMAs), and the W partial sums are added in warp order. Rows are few
-// exactly when splits are many (B = 1), so the splits, not the rows, carry the parallelism.
-extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_decode_merge_splits(
+// kv_decode_merge_splits: each thread owns KVD_MCOLS adjacent columns of one split group.
+#define KVD_MCOLS 4
+// Splits a thread loads before any result is known (the loads of one pass are independent:
+// one memory round trip per pass). With 32 split groups, MAX_SPLITS = 128 (kvkit/splits.py)
+// is one pass.
+#define KVD_MSPL 4
+// Threads per block at most: 8 warps (the host picks the block shape, kvkit/cuda/decode.py
+// merge_block).
+#define KVD_MTHREADS 256
+
+// Grid (rows, column chunks), block (CG, NSG): CG column groups of KVD_MCOLS columns (chunk
+// y covers columns [y CG KVD_MCOLS, (y + 1) CG KVD_MCOLS)) times NSG split groups, CG * NSG
+// <= KVD_MTHREADS, CG and NSG powers of two; no dynamic shared memory. Stage 1 leaves this
+// merge on the critical path of every multi-split step, and at small batch its few rows
+// carry the whole step's latency (measured on the H200: 3-6 us of a 12-74 us graph step at
+// B = 1), so it is written for latency: every thread issues the m, l and acc loads of its
+// splits (s = sg, sg + NSG, ...) at once, before M is known (an empty split's acc is loaded
+// but never used: its weight is 0), then one block max for M, one block sum over the split
+// groups (lane shuffles, then shared memory across warps) for the columns and L.
+extern "C" __global__ __launch_bounds__(KVD_MTHREADS) void kv_decode_merge_splits(
     const float* __restrict__ m_part,    // (rows, split_stride): running max logit per split
     const float* __restrict__ l_part,    // (rows, split_stride): sum of exp(logit - m)
     const float* __restrict__ acc_part,  // (rows, split_stride, head_dim): sum exp(..) * v
@@ -42,92 +55,115 @@ extern "C" __global__ __launch_bounds__(KVM_WARPS * KV_WARP) void kv_decode_merg
     float* __restrict__ o,               // (rows, head_dim)
     float* __restrict__ lse)             // (rows,) natural log
 {
-    extern __shared__ float kvm_smem[];
-    __shared__ float big_m_s;
-    __shared__ float total_s;
-    float* w_s = kvm_smem;                     // [num_splits] weights exp(m_s - M)
-    float* part_s = kvm_smem + num_splits;     // [W][head_dim] per-warp sums
-    const int lane = threadIdx.x & (KV_WARP - 1);
-    const int warp = threadIdx.x / KV_WARP;
-    const int nw = blockDim.x / KV_WARP;
+    // Per warp: its column groups' sums (up to 32 groups x KVD_MCOLS), then its total of l w.
+    __shared__ float red_s[KVD_MTHREADS / KV_WARP][KVD_MCOLS * KV_WARP + 1];
+    __shared__ float max_s[KVD_MTHREADS / KV_WARP];
+    const int cg = threadIdx.x;
+    const int sg = threadIdx.y;
+    const int CG = blockDim.x;
+    const int NSG = blockDim.y;
+    const int tid = sg * CG + cg;
+    const int lane = tid & (KV_WARP - 1);
+    const int warp = tid / KV_WARP;
+    const int nwarps = (CG * NSG + KV_WARP - 1) / KV_WARP;
     const long long row = blockIdx.x;
-    if (row >= rows) return;  // whole CTAs leave
     const float* m_row = m_part + row * split_stride;
     const float* l_row = l_part + row * split_stride;
     const float* acc_row = acc_part + row * split_stride * head_dim;
-    float* o_row = o + row * head_dim;
+    const int d0 = (blockIdx.y * CG + cg) * KVD_MCOLS;
 
-    if (warp == 0) {
-        float big_m = kv_neg_inf();
-        for (int s = lane; s < num_splits; s += KV_WARP) big_m = fmaxf(big_m, m_row[s]);
-        big_m = kv_warp_max(big_m);
-        const float sink = sinks != nullptr ? sinks[row % num_heads] : kv_neg_inf();
-        big_m = fmaxf(big_m, sink);
-        float total = 0.f;
-        if (big_m != kv_neg_inf()) {
-            for (int s = lane; s < num_splits; s += KV_WARP) {
-                const float w = kv_merge_weight(m_row[s], big_m);
-                w_s[s] = w;
-                total += l_row[s] * w;
-            }
-            total = kv_warp_sum(total);
-            total += kv_merge_weight(sink, big_m);
+    float acc[KVD_MCOLS];
+#pragma unroll
+    for (int v = 0; v < KVD_MCOLS; ++v) acc[v] = 0.f;
+    float total = 0.f;
+    float big_m = sinks != nullptr ? sinks[row % num_heads] : kv_neg_inf();
+    const float sink = big_m;
+    // Passes of KVD_MSPL splits per thread (one pass for num_splits <= KVD_MSPL * NSG).
+    for (int s0 = 0; s0 < num_splits; s0 += KVD_MSPL * NSG) {  // uniform over the block
+        float ms[KVD_MSPL], ls[KVD_MSPL], a[KVD_MSPL][KVD_MCOLS];
+#pragma unroll
+        for (int u = 0; u < KVD_MSPL; ++u) {
+            const int s = s0 + u * NSG + sg;
+            const bool in = s < num_splits;
+            ms[u] = in ? m_row[s] : kv_neg_inf();
+            ls[u] = in ? l_row[s] : 0.f;
+            const float* a_s = acc_row + (long long)s * head_dim;
+#pragma unroll
+            for (int v = 0; v < KVD_MCOLS; ++v)
+                a[u][v] = (in && d0 + v < head_dim) ? a_s[d0 + v] : 0.f;
         }
-        if (lane == 0) {
-            big_m_s = big_m;
-            total_s = total;
+        // M over every split of the row: each thread's, then the block's (all threads of a
+        // pass hold all its splits between them).
+        float pm = kv_neg_inf();
+#pragma unroll
+        for (int u = 0; u < KVD_MSPL; ++u) pm = fmaxf(pm, ms[u]);
+        pm = kv_warp_max(pm);
+        if (lane == 0) max_s[warp] = pm;
+        __syncthreads();
+        float new_m = big_m;
+        for (int w = 0; w < nwarps; ++w) new_m = fmaxf(new_m, max_s[w]);
+        __syncthreads();  // max_s is rewritten by the next pass
+        if (new_m == kv_neg_inf()) continue;  // uniform: nothing visible yet
+        // A later pass with a larger max rescales the sums so far (exactly 1 in one pass).
+        const float r = kv_merge_weight(big_m, new_m);
+        if (r != 1.f) {
+            total *= r;
+#pragma unroll
+            for (int v = 0; v < KVD_MCOLS; ++v) acc[v] *= r;
+        }
+        big_m = new_m;
+#pragma unroll
+        for (int u = 0; u < KVD_MSPL; ++u) {
+            const float w = kv_merge_weight(ms[u], big_m);
+            if (w != 0.f) {  // an empty split's acc is never used, even NaN
+                total = fmaf(ls[u], w, total);
+#pragma unroll
+                for (int v = 0; v < KVD_MCOLS; ++v) acc[v] = fmaf(a[u][v], w, acc[v]);
+            }
         }
     }
-    __syncthreads();
-    const float big_m = big_m_s;
-    if (big_m == kv_neg_inf()) {  // uniform over the CTA
-        for (int d = threadIdx.x; d < head_dim; d += blockDim.x) o_row[d] = 0.f;
-        if (threadIdx.x == 0) lse[row] = kv_neg_inf();
+    if (big_m == kv_neg_inf()) {  // uniform: a row with nothing visible and no sink
+        if (sg == 0) {
+#pragma unroll
+            for (int v = 0; v < KVD_MCOLS; ++v)
+                if (d0 + v < head_dim) o[row * head_dim + d0 + v] = 0.f;
+        }
+        if (tid == 0 && blockIdx.y == 0) lse[row] = kv_neg_inf();
         return;
     }
-    const float total = total_s;
-
-    for (int d0 = 0; d0 < head_dim; d0 += KVM_COLS) {
-        float acc[KVM_VEC];
+    // Sum over the split groups: lanes of one column group first (tid = sg * CG + cg, so
+    // lanes CG, 2 CG, ... apart), then the warps through shared memory.
+    for (int off = CG; off < KV_WARP; off <<= 1) {
+        total += __shfl_xor_sync(KV_FULL_MASK, total, off);
 #pragma unroll
-        for (int k = 0; k < KVM_VEC; ++k) acc[k] = 0.f;
-        for (int s0 = warp; s0 < num_splits; s0 += KVM_SB * nw) {  // uniform per warp
-            float a[KVM_SB][KVM_VEC];
-            float w[KVM_SB];
+        for (int v = 0; v < KVD_MCOLS; ++v) acc[v] += __shfl_xor_sync(KV_FULL_MASK, acc[v], off);
+    }
+    if (lane < CG) {
 #pragma unroll
-            for (int u = 0; u < KVM_SB; ++u) {
-                const int s = s0 + u * nw;
-                w[u] = s < num_splits ? w_s[s] : 0.f;
-                // An empty split (weight 0) has an acc that is never read.
-                const bool live = w[u] != 0.f;
-                const float* a_s = acc_row + (long long)s * head_dim;
-#pragma unroll
-                for (int v = 0; v < KVM_VEC; ++v) {
-                    const int d = d0 + v * KV_WARP + lane;
-                    a[u][v] = (live && d < head_dim) ? a_s[d] : 0.f;
-                }
-            }
-#pragma unroll
-            for (int u = 0; u < KVM_SB; ++u) {
-                if (w[u] != 0.f) {
-#pragma unroll
-                    for (int v = 0; v < KVM_VEC; ++v) acc[v] = fmaf(a[u][v], w[u], acc[v]);
-                }
-            }
-        }
-#pragma unroll
-        for (int v = 0; v < KVM_VEC; ++v) {
-            const int d = d0 + v * KV_WARP + lane;
-            if (d < head_dim) part_s[warp * head_dim + d] = acc[v];
-        }
+        for (int v = 0; v < KVD_MCOLS; ++v) red_s[warp][lane * KVD_MCOLS + v] = acc[v];
+        if (lane == 0) red_s[warp][KVD_MCOLS * KV_WARP] = total;
     }
     __syncthreads();
-    for (int d = threadIdx.x; d < head_dim; d += blockDim.x) {
-        float sum = 0.f;
-        for (int k = 0; k < nw; ++k) sum += part_s[k * head_dim + d];
-        o_row[d] = sum / total;
+    if (tid < CG) {
+        // Warps hold column groups [0, CG) (CG <= 32: every warp holds all of them, in its
+        // first CG lanes) or, for CG > 32, warp w holds groups 32 w.. of one split group.
+        const int gpw = CG < KV_WARP ? CG : KV_WARP;   // column groups per warp
+        const int wps = CG < KV_WARP ? 1 : CG / KV_WARP;  // warps per split group
+        float sum[KVD_MCOLS];
+        float tot = 0.f;
+#pragma unroll
+        for (int v = 0; v < KVD_MCOLS; ++v) sum[v] = 0.f;
+        for (int w = tid / gpw; w < nwarps; w += wps) {
+#pragma unroll
+            for (int v = 0; v < KVD_MCOLS; ++v) sum[v] += red_s[w][(tid % gpw) * KVD_MCOLS + v];
+            tot += red_s[w - tid / gpw][KVD_MCOLS * KV_WARP];
+        }
+        tot += kv_merge_weight(sink, big_m);
+#pragma unroll
+        for (int v = 0; v < KVD_MCOLS; ++v)
+            if (d0 + v < head_dim) o[row * head_dim + d0 + v] = sum[v] / tot;
+        if (tid == 0 && blockIdx.y == 0) lse[row] = big_m + logf(tot);
     }
-    if (threadIdx.x == 0) lse[row] = big_m + logf(total);
 }
 
 // Grid (ceil(rows / KVM_WARPS)), block KVM_WARPS * 32, no shared memory.

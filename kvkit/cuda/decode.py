@@ -10,8 +10,8 @@ stage                  kernel (entry)                               launch
 1, nvfp4*              ``kv_decode_nvfp4_stage1`` (decode_nvfp4.cu) threads and dynamic shared
 1, turboquant_*        ``kv_decode_turboquant_stage1``              bytes from the module's
                        (decode_turboquant.cu)                       ``kv_decode_launch``
-2                      ``kv_decode_merge_splits`` (decode_merge.cu) 1 CTA per (b, i, h) row,
-                                                                    min(4, splits) warps
+2                      ``kv_decode_merge_splits`` (decode_merge.cu) grid (rows, column
+                                                                    chunks), ``merge_block``
 =====================  ===========================================  ===========================
 
 Stage 1 gives one CTA to each (split, KV head, sequence): it serves all G = Hq / Hkv query
@@ -75,8 +75,14 @@ STAGE1_THREADS = 256
 STAGE1_WARPS = STAGE1_THREADS // 32
 #: Most score rows per warp and PV rows per thread (the kernel's static_assert).
 MAX_ROWS_PER_LANE = 16
-#: Rows (warps) per CTA of the merge kernels (KVM_WARPS in decode_merge.cu).
+#: Rows (warps) per CTA of merge_states' kernel (KVM_WARPS in decode_merge.cu).
 MERGE_WARPS = 4
+#: Stage 2 of decode (kv_decode_merge_splits in decode_merge.cu): columns per thread
+#: (KVD_MCOLS), splits one thread loads per pass (KVD_MSPL) and threads per CTA at most
+#: (KVD_MTHREADS).
+MERGE_COLS = 4
+MERGE_SPLITS_PER_THREAD = 4
+MERGE_THREADS = 256
 #: Load-width code: the widest aligned width (16, 8, 4, 2, 1) lives in these bits
 #: (KVD_VEC_MASK in cuda_src/common/decode_core.cuh).
 VEC_MASK = 31
@@ -540,18 +546,17 @@ def decode(
     )  # fmt: skip
     _launch(record, func, (num_splits, hkv, batch), (threads,), args, smem)
 
-    # Stage 2: one CTA per row, its warps taking the splits round-robin.
-    warps = min(MERGE_WARPS, num_splits)
+    # Stage 2: CTAs of (column groups) x (split groups) per row and column chunk.
+    cgroups, sgroups, chunks = merge_block(num_splits, head_dim)
     merge = _merge_kernel("kv_decode_merge_splits")
     _launch(
-        record, merge, (rows,), (warps * 32,),
+        record, merge, (rows, chunks), (cgroups, sgroups),
         (
             m_part, l_part, acc_part,
             np.uint64(0) if sinks is None else sinks,
             np.int64(rows), np.int32(num_heads), np.int32(head_dim),
             np.int32(num_splits), split_stride, o, lse,
         ),
-        4 * (warps * head_dim + num_splits),
     )  # fmt: skip
     return o, lse
 
@@ -573,6 +578,27 @@ STAGE1_LENS_ARG = 23
 #: wave) but 3-4 for fp16 (3 CTAs per SM: 1 split leaves a 30% wave, 945 vs 800-816 us).
 SPLIT_OVERHEAD_TILES = 1
 SPLIT_MIN_TILES = 2
+
+
+def _pow2_at_least(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def merge_block(num_splits: int, head_dim: int) -> tuple[int, int, int]:
+    """Stage 2's launch shape: (column groups CG, split groups NSG, column chunks).
+
+    A CTA of CG x NSG threads merges MERGE_COLS * CG columns of one row: thread (cg, sg) loads
+    the partial states of splits sg, sg + NSG, ... (MERGE_SPLITS_PER_THREAD per pass, all at
+    once) for its MERGE_COLS columns. NSG covers the splits in one pass up to 32 groups
+    (MAX_SPLITS = 128 is one pass), CG the rest of MERGE_THREADS, and whole warps (the
+    kernel's shuffles need all 32 lanes): both powers of two, CG * NSG a multiple of 32.
+    """
+    groups = -(-head_dim // MERGE_COLS)
+    nsg = min(32, _pow2_at_least(num_splits))
+    cg = min(_pow2_at_least(groups), MERGE_THREADS // nsg)
+    while cg * nsg < 32:
+        nsg *= 2
+    return cg, nsg, -(-groups // cg)
 
 
 def _default_splits(

@@ -697,6 +697,75 @@ def test_empty_batch_and_argument_errors(cp):
         cuda_decode.decode(big, "float32", case.gpu, bt, sl, scale=0.1)
 
 
+# --- decode stage 2 (the split merge) on crafted partial states --------------------------------
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 8, 31, 32, 33, 66, 128])
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 128, 256, 512])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_decode_merge_kernel_matches_the_float64_merge(cp, num_splits, head_dim, sinks):
+    """kv_decode_merge_splits against the float64 merge of the same (m, l, acc) partials, for
+    every launch shape kvkit.cuda.decode.merge_block picks (one to 32 split groups, 8 to 128
+    column groups, column chunks, head dims that are not powers of two). Empty splits (m =
+    -inf) carry NaN accumulators (never read), one row is all empty, split_stride > S."""
+    from kvkit.cuda import decode as cuda_decode
+
+    rng = np.random.default_rng(num_splits * 1000 + head_dim + sinks)
+    num_heads, rows, stride = 4, 12, num_splits + 3
+    m = np.full((rows, stride), np.nan, dtype=np.float32)  # padding splits: never read
+    l_sum = np.full((rows, stride), np.nan, dtype=np.float32)
+    acc = np.full((rows, stride, head_dim), np.nan, dtype=np.float32)
+    m[:, :num_splits] = (rng.standard_normal((rows, num_splits)) * 4).astype(np.float32)
+    l_sum[:, :num_splits] = rng.uniform(0.5, 20.0, (rows, num_splits)).astype(np.float32)
+    acc[:, :num_splits] = rng.standard_normal((rows, num_splits, head_dim)).astype(np.float32)
+    empty = rng.random((rows, num_splits)) < 0.3
+    empty[5] = True  # a row with nothing visible
+    empty[7, :] = False
+    m[:, :num_splits][empty] = -np.inf
+    l_sum[:, :num_splits][empty] = 0.0
+    acc[:, :num_splits][empty] = np.nan
+    if num_splits > 1:
+        m[7, 0] = 200.0  # the other splits' weights underflow to 0 in float32
+    sink = (rng.standard_normal(num_heads) + 1.0).astype(np.float32) if sinks else None
+
+    o = cp.zeros((rows, head_dim), dtype=cp.float32)
+    lse = cp.zeros((rows,), dtype=cp.float32)
+    cgroups, sgroups, chunks = cuda_decode.merge_block(num_splits, head_dim)
+    kern = cuda_decode._merge_kernel("kv_decode_merge_splits")
+    kern(
+        (rows, chunks), (cgroups, sgroups),
+        (
+            cp.asarray(m), cp.asarray(l_sum), cp.asarray(acc),
+            np.uint64(0) if sink is None else cp.asarray(sink),
+            np.int64(rows), np.int32(num_heads), np.int32(head_dim),
+            np.int32(num_splits), np.int32(stride), o, lse,
+        ),
+    )  # fmt: skip
+    out, out_lse = cp.asnumpy(o), cp.asnumpy(lse)
+
+    # The partials as normalized parts (o_s = acc_s / l_s, lse_s = m_s + log l_s), the sink a
+    # part with o = 0: merge_error's float64 merge and scale.
+    live = ~empty
+    with np.errstate(divide="ignore", invalid="ignore"):
+        o_parts = np.where(live[..., None], acc[:, :num_splits] / l_sum[:, :num_splits, None], 0)
+        lse_parts = np.where(live, m[:, :num_splits] + np.log(l_sum[:, :num_splits]), -np.inf)
+    o_parts = np.moveaxis(o_parts, 1, 0)
+    lse_parts = np.moveaxis(lse_parts, 1, 0)
+    if sink is not None:
+        o_parts = np.concatenate([o_parts, np.zeros((1, rows, head_dim))], axis=0)
+        lse_parts = np.concatenate([lse_parts, sink[np.arange(rows) % num_heads][None]], axis=0)
+    assert merge_error(out, o_parts, lse_parts) <= MERGE_RTOL
+    big = lse_parts.max(axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ref_lse = big + np.log(np.exp(lse_parts - np.where(big == -np.inf, 0, big)).sum(axis=0))
+    if sink is None:
+        assert np.all(out[5] == 0) and out_lse[5] == -np.inf
+    else:
+        assert np.all(out[5] == 0) and out_lse[5] == sink[5 % num_heads]
+    assert lse_error(out_lse, ref_lse.astype(np.float32)) <= SPLIT_INVARIANCE_RTOL
+    assert np.isfinite(out).all()
+
+
 # --- merge_states on the GPU -------------------------------------------------------------------
 
 
