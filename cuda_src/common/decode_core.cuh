@@ -334,6 +334,67 @@ __device__ __forceinline__ float kv_load_q(const void* q, long long idx) {
 #endif
 }
 
+// The bits of query element idx (float32 bits, or the 16 bits of fp16 / bf16), and their
+// value: the load and the conversion apart, so that several loads can fly before the first
+// conversion waits.
+__device__ __forceinline__ unsigned kv_load_q_bits(const void* q, long long idx) {
+#if KV_IN_DTYPE == 0
+    return __float_as_uint(static_cast<const float*>(q)[idx]);
+#else
+    return static_cast<const unsigned short*>(q)[idx];
+#endif
+}
+__device__ __forceinline__ float kv_q_bits_value(unsigned bits) {
+#if KV_IN_DTYPE == 0
+    return __uint_as_float(bits);
+#elif KV_IN_DTYPE == 1
+    return kv_dc_f16(bits);
+#else
+    return kv_dc_bf16(bits);
+#endif
+}
+
+// This thread's query elements idx = threadIdx.x + k THREADS (k < N: row idx / D, dim
+// idx % D; rows >= R are padding, 0). The first NQL of the real rows' elements (idx < R D)
+// are loaded at once, without branches (a clamped index), before any is used; value(k)
+// gives element k (loading the ones past NQL itself). Before, every element went from its
+// load to shared memory before the next load issued: one memory round trip per element a
+// thread loads (four at G = 4, D = 128), and behind the block-table loads. Now they fly
+// with the seq_len and block-table loads (measured at B = 1 on the H200: the stage-1
+// prologue was ~7 us of a step). NQL <= 16 bounds the registers (CUDA-core launches with
+// up to 128 rows load the rest one by one, as before).
+template <int N>
+struct KvQPrefetch {
+    static constexpr int NREAL = (kvd::R * kvd::D + kvd::THREADS - 1) / kvd::THREADS;
+    static constexpr int NQL = NREAL < N ? (NREAL < 16 ? NREAL : 16) : (N < 16 ? N : 16);
+    unsigned bits[NQL];
+
+    static __device__ __forceinline__ long long src(int idx, int b, int kvh, int num_heads) {
+        const int r = idx / kvd::D;
+        const int d = idx - r * kvd::D;
+        const int i = r / kvd::G;
+        const int gg = r - i * kvd::G;
+        return (((long long)b * kvd::QL + i) * num_heads + (long long)kvh * kvd::G + gg) *
+                   kvd::D + d;
+    }
+    __device__ __forceinline__ void load(const void* q, int b, int kvh, int num_heads) {
+#pragma unroll
+        for (int k = 0; k < NQL; ++k) {
+            const int idx = threadIdx.x + k * kvd::THREADS;
+            const int safe = idx < kvd::R * kvd::D ? idx : kvd::R * kvd::D - 1;
+            bits[k] = kv_load_q_bits(q, src(safe, b, kvh, num_heads));
+        }
+    }
+    __device__ __forceinline__ float value(int k, const void* q, int b, int kvh,
+                                           int num_heads) const {
+        const int idx = threadIdx.x + k * kvd::THREADS;
+        // (k >= NREAL: idx >= R D for every thread; the unrolled callers' k is a constant.)
+        if (k >= NREAL || idx >= kvd::R * kvd::D) return 0.f;
+        if (k < NQL) return kv_q_bits_value(bits[k < NQL ? k : 0]);
+        return kv_q_bits_value(kv_load_q_bits(q, src(idx, b, kvh, num_heads)));
+    }
+};
+
 __device__ __forceinline__ unsigned kv_smem_addr(const void* p) {
     unsigned r;
     asm("{ .reg .u64 a; cvta.to.shared.u64 a, %1; cvt.u32.u64 %0, a; }" : "=r"(r) : "l"(p));
@@ -928,13 +989,18 @@ struct KvTilePipe {
         tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
-    // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1.
+    // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1:
+    // every entry loaded before the first is stored (a load-store loop waited for each load
+    // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
         if (threadIdx.x < kvd::TILE) {
-#pragma unroll 1
-            for (int j = 0; j < kvd::STAGES; ++j) store(j, entry(j, threadIdx.x));
+            int e[kvd::STAGES];
+#pragma unroll
+            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, threadIdx.x);
             pf_e0 = entry(kvd::STAGES, threadIdx.x);
             pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
+#pragma unroll
+            for (int j = 0; j < kvd::STAGES; ++j) store(j, e[j]);
         }
     }
     // At tile i (after its barrier): the pages of tile i + STAGES into the slot of tile
@@ -1429,6 +1495,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     const int lane = tid & (KV_WARP - 1);
     const int warp = tid / KV_WARP;
 
+    // The query first: its loads fly with the seq_len and block-table loads below.
+    constexpr int QPT = (R * D + THREADS - 1) / THREADS;
+    KvQPrefetch<QPT> qx;
+    qx.load(q, b, kvh, num_heads);
     int seq_len;
     KvTilePipe pipe = kv_make_pipe(p0_vec, p1_vec, p2_vec, p3_vec, block_tables, max_blocks,
                                    seq_lens, num_blocks, block_size, window, error_flag,
@@ -1456,18 +1526,16 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         // --- prologue: pages of tiles 0 .. STAGES - 1, copies of tiles 0 .. STAGES - 2 ----
         pipe.prologue_pages();
         // --- queries (and the TurboQuant rotation) --------------------------------------
-        for (int idx = tid; idx < R * D; idx += THREADS) {
-            const int r = idx / D;
-            const int d = idx - r * D;
-            const int i = r / G;
-            const int g = r - i * G;
-            const long long src =
-                (((long long)b * QL + i) * num_heads + (long long)kvh * G + g) * D + d;
-            float x = kv_load_q(q, src);
+#pragma unroll
+        for (int k = 0; k < QPT; ++k) {
+            const int idx = tid + k * THREADS;
+            if (idx < R * D) {
 #if KV_ROTATE_Q
-            x *= kv_family_q_sign(d);
+                q_s[idx] = qx.value(k, q, b, kvh, num_heads) * kv_family_q_sign(idx % D);
+#else
+                q_s[idx] = qx.value(k, q, b, kvh, num_heads);
 #endif
-            q_s[idx] = x;
+            }
         }
 #if KV_FAMILY_TABLE_FLOATS > 0
         kv_family_init_table(tab_s, tid);

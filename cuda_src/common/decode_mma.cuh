@@ -482,6 +482,12 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     const int g = lane >> 2;
     const int c = lane & 3;
 
+    // The query first: its loads fly with the seq_len and block-table loads below
+    // (KvQPrefetch); 16 rows, the padding rows R..15 zero.
+    constexpr int QPT = 16 * D / THREADS;
+    static_assert(QPT * THREADS == 16 * D, "whole query rows per pass");
+    KvQPrefetch<QPT> qx;
+    qx.load(q, b, kvh, num_heads);
     int seq_len;
     KvTilePipe pipe = kv_make_pipe(p0_vec, p1_vec, p2_vec, p3_vec, block_tables, max_blocks,
                                    seq_lens, num_blocks, block_size, window, error_flag,
@@ -517,21 +523,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     if (n_tiles > 0) {  // uniform over the CTA
         pipe.prologue_pages();
         // --- query rows (zero padding rows R..15), family table ----------------------------
-        for (int idx = tid; idx < 16 * D; idx += THREADS) {
-            const int r = idx / D;
-            const int d = idx - r * D;
-            float x = 0.f;
-            if (r < R) {
-                const int i = r / G;
-                const int gg = r - i * G;
-                const long long src =
-                    (((long long)b * QL + i) * num_heads + (long long)kvh * G + gg) * D + d;
-                x = kv_load_q(q, src);
+#pragma unroll
+        for (int k = 0; k < QPT; ++k) {
+            const int idx = tid + k * THREADS;
 #if KV_ROTATE_Q
-                x *= kv_family_q_sign(d);
+            // (Padding rows stay +0, not 0 times a sign.)
+            qf_s[idx] = idx < R * D ? qx.value(k, q, b, kvh, num_heads) * kv_family_q_sign(idx % D) : 0.f;
+#else
+            qf_s[idx] = qx.value(k, q, b, kvh, num_heads);
 #endif
-            }
-            qf_s[idx] = x;
         }
         float kfac = 1.f;
 #if KV_MMA_TABLE_WORDS > 0
