@@ -114,6 +114,26 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #endif
 #endif
 #define KV_MMA_PACK_OK (KVKIT_DECODE_TQ_VARIANT >= 1)
+// -DKVKIT_DECODE_TQ3 (kvkit/cuda/decode.py; A/B runs): 1 takes the cheaper 3-bit plans, 0 the
+// build before them. Two changes, each where the static counts (scripts/sass_path.py, sm_90,
+// executed warp instructions per warp-tile; session 12) show a gain:
+// - 3-bit values at D = 256: the halves plan (KV_TQ_V_HALVES below) instead of packed words:
+//   3bit_nc (32 codes per lane group) 1068 -> 977 at G = 4 (4bit_nc: 1015).
+// - 3-bit keys at D = 128 with more than 8 query rows: the codebook table first in shared
+//   memory (decode_mma.cuh KV_MMA_TABLE_FIRST): 3bit_nc at G = 16 922 -> 855 (4bit_nc: 866).
+//   Its 7 KB stages cannot hold the float query rows, whose 8 KB scratch then moved the
+//   table's last rows past the 32 KB immediates that let ptxas fold the shared base.
+// Default 1 where a gain was counted; D = 64 and D = 128 at G * q_len <= 8 keep 0.
+#ifndef KVKIT_DECODE_TQ3
+#if KV_HEAD_DIM == 256 || (KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN > 8)
+#define KVKIT_DECODE_TQ3 1
+#else
+#define KVKIT_DECODE_TQ3 0
+#endif
+#endif
+#if KVKIT_DECODE_TQ3 && !TQ_KEY_FP8 && TQ_KEY_BITS == 3 && KV_HEAD_DIM <= 128
+#define KV_MMA_TABLE_FIRST 1
+#endif
 #define KV_MMA_VF 1.0f
 // N words of staged bytes starting at any byte p: aligned words from the 4-byte boundary
 // below, funnel-shifted down (N + 1 word loads; the caller says why the word past the run and
@@ -317,12 +337,16 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 #define KV_MMA_V_REGS 1
 // 3-bit codes (kv_tq_vplan below says why): runs of whole 16-bit units (D = 128: 48 bits per
 // lane group) stay one unit per register ("halves"); the 24-bit run of D = 64 is one word,
-// run bit 0 at bit 0 ("word"). Other runs are packed into 32-bit words. D = 256 would also
-// fit the halves plan (96 bits, 11 windows + 12 shifts per token pair), but measured on the
-// H200 it was no faster than the packed words (0.1824 vs 0.1809 ms, 3bit_nc at (32, 4096),
-// session 10), while the word plan at D = 64 was 5% faster (0.0643 vs 0.0675 ms).
-#define KV_TQ_V_HALVES \
-    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM <= 128 && ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
+// run bit 0 at bit 0 ("word"). Other runs are packed into 32-bit words. D = 256 fits the
+// halves plan too (96 bits, 11 windows + 12 shifts per token pair, against 16 pairs of two
+// shifts and a merge); measured on the H200 in session 10 it was no faster than the packed
+// words (0.1824 vs 0.1809 ms, 3bit_nc at (32, 4096)), but the kernel has since become
+// instruction-bound and the static count is 91 warp instructions per tile lower (session
+// 12), so the KVKIT_DECODE_TQ3 build takes it (to be re-measured). The word plan at D = 64
+// was 5% faster (0.0643 vs 0.0675 ms).
+#define KV_TQ_V_HALVES                                                        \
+    (TQ_VALUE_BITS == 3 && (KV_HEAD_DIM <= 128 || KVKIT_DECODE_TQ3) && \
+     ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
 #define KV_TQ_V_WORD (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 64)
 #if KV_TQ_V_HALVES
 #define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)

@@ -202,17 +202,27 @@ constexpr int VT_BYTES = NWM * 16 * VSTR * 2;
 constexpr int QF_BYTES = 16 * D * 4;
 constexpr bool QF_IN_STAGE = kvd::STAGE_BYTES >= QF_BYTES;
 constexpr int SCRATCH = QF_IN_STAGE ? VT_BYTES : (VT_BYTES > QF_BYTES ? VT_BYTES : QF_BYTES);
-constexpr int OFF_VT = 0;                                     // V tiles
-constexpr int OFF_QH = kvd::a16(SCRATCH);                     // fp16 [16][QSTR] hi
+// KV_MMA_TABLE_FIRST (a family's choice): the table at byte 0 instead of after the page
+// ring. Table loads are LDS [offset + shared base + immediate] with the row's constant part in
+// the immediate; sm_90's ptxas folds the base into a uniform register only while the
+// immediates stay below 32 KB (seen on TurboQuant 3-bit keys at D = 128, G = 16, whose 8 KB
+// query scratch pushed the table's last rows past it: one IADD per lookup, ~50 per tile).
+#ifndef KV_MMA_TABLE_FIRST
+#define KV_MMA_TABLE_FIRST 0
+#endif
+constexpr int TAB_BYTES = kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
+constexpr int OFF_LO = KV_MMA_TABLE_FIRST ? TAB_BYTES : 0;     // start of everything else
+constexpr int OFF_VT = OFF_LO;                                // V tiles
+constexpr int OFF_QH = OFF_LO + kvd::a16(SCRATCH);            // fp16 [16][QSTR] hi
 constexpr int OFF_QL = OFF_QH + kvd::a16(16 * QSTR * 2);      // fp16 [16][QSTR] lo
 constexpr int OFF_QM =                                        // bf16 mid
     OFF_QL + kvd::a16(KV_MMA_QSPLIT && !KV_MMA_PACK ? 16 * QSTR * 2 : 0);
 constexpr int OFF_RS = OFF_QM + kvd::a16(KV_MMA_BF16 ? 16 * QSTR * 2 : 0);    // float [16]
 constexpr int OFF_TP = OFF_RS + kvd::a16(16 * 4);             // int [NP][TILE] page ring
-constexpr int OFF_TAB = OFF_TP + kvd::a16(kvd::TP_BYTES);
-constexpr int OFF_STG = OFF_TAB + kvd::a16(KV_MMA_TABLE_WORDS * 4 + 16);
+constexpr int OFF_TAB = KV_MMA_TABLE_FIRST ? 0 : OFF_TP + kvd::a16(kvd::TP_BYTES);
+constexpr int OFF_STG = OFF_TP + kvd::a16(kvd::TP_BYTES) + (KV_MMA_TABLE_FIRST ? 0 : TAB_BYTES);
 constexpr int OFF_QF =                                        // float [16][D] query rows
-    QF_IN_STAGE ? OFF_STG + (kvd::STAGES - 1) * kvd::STAGE_BYTES : 0;
+    QF_IN_STAGE ? OFF_STG + (kvd::STAGES - 1) * kvd::STAGE_BYTES : OFF_LO;
 // After the tile loop the staging holds the per-warp accumulators, then the warp states.
 constexpr int RED_BYTES = NWM * R * D * 4;
 constexpr int OFF_ML = OFF_STG + kvd::a16(RED_BYTES);         // float [NWM][16][2] (m, l)

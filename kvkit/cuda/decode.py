@@ -36,7 +36,11 @@ copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``
 picks TurboQuant's tensor-core stage 1 without / with (the default from head_dim 128) the
 packed mma columns of G * q_len <= 4 launches (the same scores bit for bit; the PV sums in
-another float32 order): all for A/B runs). With one split and no sinks stage 1 writes o and
+another float32 order); ``KVKIT_DECODE_TQ3=0`` / ``1`` picks TurboQuant's 3-bit unpacking in
+the tensor-core stage 1, the build before session 12 / the cheaper plans (3-bit values at
+head_dim 256 as 16-bit units, the 3-bit key table first in shared memory at head_dim 128 with
+more than 8 query rows; the default where the static counts gain: head_dim 256, and 128 with
+G * q_len > 8), same bits: all for A/B runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -287,6 +291,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     nvfp4_rev = _env_choice("KVKIT_DECODE_NVFP4_REV", ("0", "1"))
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
     tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
+    tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
@@ -294,7 +299,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, min_blocks,
+        row_runs, tq_variant, tq3, min_blocks,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -328,6 +333,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # TurboQuant's tensor-core stage 1: packed mma columns for G * q_len <= 4 (1, the
         # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
         defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
+    if tq3 and fmt.family == "turboquant":
+        # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
+        # the build before them (0); default per shape in decode_turboquant.cu (A/B runs).
+        defines["KVKIT_DECODE_TQ3"] = tq3
     if nvfp4_rev and fmt.family == "nvfp4":
         # NVFP4's tensor-core tile: nvdec2's (1, the default) or session 10's (0)
         # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).

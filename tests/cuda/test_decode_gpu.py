@@ -579,6 +579,25 @@ def test_turboquant_packed_columns_match_the_unpacked_build(cp, name, head_dim, 
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_VARIANT", "1", "0", exact)
 
 
+@pytest.mark.parametrize("name", ["turboquant_3bit_nc", "turboquant_k3v4_nc"])
+@pytest.mark.parametrize("head_dim, group, q_len, window", [
+    (256, 4, 1, None), (256, 2, 4, 90), (128, 16, 1, None), (128, 4, 4, 70), (128, 4, 1, None),
+    (64, 4, 1, None),
+])  # fmt: skip
+def test_turboquant_tq3_plans_match_the_build_before(cp, name, head_dim, group, q_len, window,
+                                                     monkeypatch):  # fmt: skip
+    """decode_turboquant.cu KVKIT_DECODE_TQ3: 3-bit values at D = 256 as 16-bit units (the
+    halves plan) and the 3-bit key table first in shared memory (D = 128, G * q_len > 8)
+    against the build before them (0). Both extract the same codes into the same operands and
+    tables (tests/cuda/test_tq3_unpack_model.py checks the plans), so the two agree bit for
+    bit; forced to 1 so that the shapes whose default is 0 (D = 64, D = 128 with <= 8 rows)
+    build and run it too."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[5 * 64 + 9, 300, 37, 4], window=window,
+                seed=head_dim + 5 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3", "1", "0")
+
+
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 @pytest.mark.parametrize("head_dim, group, q_len, window", [
     (128, 4, 1, None), (128, 4, 2, 90), (128, 8, 1, None), (128, 16, 1, None), (64, 4, 1, None),

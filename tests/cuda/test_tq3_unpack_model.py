@@ -6,11 +6,12 @@ code they extract must be the code the spec packed. The GPU decode tests then ch
 Keys: lane c's run of D / 4 codes in KV_TQ_RUN_WORDS little-endian words; code E's table byte
 offset is UNIT(s) 128 + ((y & (7 << s)) | 4 lane) for the plan's word y and bit s, and the table
 copy s holds code c at unit UNIT(s) + c 2^(s - 7) (the four copies must not overlap).
-Values: lane group g's D / 8 codes, as 16-bit units per token (D = 128: three units; D = 256
-keeps packed words, KV_TQ_V_HALVES) or, at D = 64, as one word joined from the two 2-byte units
-at the even byte below the run's byte 3 g (the selector depends on g's parity); code i of
-tokens a (low half) and b (high half) is bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S
-minus (2^(7 - S) + 4), for the window w of the plan.
+Values: lane group g's D / 8 codes, as 16-bit units per token (D = 128: three units; D = 256:
+six, the KVKIT_DECODE_TQ3 build's KV_TQ_V_HALVES; its =0 build keeps packed words) or, at
+D = 64, as one word joined from the two 2-byte units at the even byte below the run's byte
+3 g (the selector depends on g's parity); code i of tokens a (low half) and b (high half) is
+bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S minus (2^(7 - S) + 4), for the window w
+of the plan.
 """
 
 from __future__ import annotations
@@ -153,7 +154,9 @@ def _vload(packed: np.ndarray, g: int, head_dim: int, tail: np.ndarray) -> list[
     return [int(x) for x in area[n * g : n * g + n].view("<u2")]
 
 
-@pytest.mark.parametrize(("head_dim", "windows", "shifts"), [(64, 2, 3), (128, 5, 6)])
+@pytest.mark.parametrize(
+    ("head_dim", "windows", "shifts"), [(64, 2, 3), (128, 5, 6), (256, 11, 12)]
+)
 def test_value_plan_extracts_the_spec_codes(head_dim, windows, shifts):
     off = 4  # KV_MMA_VCODE_OFFSET for 3-bit values
     vpl = head_dim // 8
