@@ -123,9 +123,12 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 //   memory (decode_mma.cuh KV_MMA_TABLE_FIRST): 3bit_nc at G = 16 922 -> 855 (4bit_nc: 866).
 //   Its 7 KB stages cannot hold the float query rows, whose 8 KB scratch then moved the
 //   table's last rows past the 32 KB immediates that let ptxas fold the shared base.
-// Default 1 where a gain was counted; D = 64 and D = 128 at G * q_len <= 8 keep 0.
+// Measured on the H200 (session 12, call 5, graph ms at (32, 4096), 0 -> 1): 3bit_nc at
+// Hq = 128 (G = 16) 0.1551 -> 0.1514 (4bit_nc 0.1535); at D = 256 0.1645 -> 0.1680 (slower
+// despite the count, as the halves plan was in session 10). Default 1 only at D = 128 with
+// G * q_len > 8; D = 64, D = 256 and D = 128 at G * q_len <= 8 keep 0.
 #ifndef KVKIT_DECODE_TQ3
-#if KV_HEAD_DIM == 256 || (KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN > 8)
+#if KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN > 8
 #define KVKIT_DECODE_TQ3 1
 #else
 #define KVKIT_DECODE_TQ3 0
@@ -342,7 +345,8 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // shifts and a merge); measured on the H200 in session 10 it was no faster than the packed
 // words (0.1824 vs 0.1809 ms, 3bit_nc at (32, 4096)), but the kernel has since become
 // instruction-bound and the static count is 91 warp instructions per tile lower (session
-// 12), so the KVKIT_DECODE_TQ3 build takes it (to be re-measured). The word plan at D = 64
+// 12), so the KVKIT_DECODE_TQ3=1 build takes it; re-measured in session 12 it was 2% slower
+// (0.1645 -> 0.1680 ms), so the default build does not. The word plan at D = 64
 // was 5% faster (0.0643 vs 0.0675 ms).
 #define KV_TQ_V_HALVES                                                        \
     (TQ_VALUE_BITS == 3 && (KV_HEAD_DIM <= 128 || KVKIT_DECODE_TQ3) && \

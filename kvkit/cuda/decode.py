@@ -39,8 +39,8 @@ packed mma columns of G * q_len <= 4 launches (the same scores bit for bit; the 
 another float32 order); ``KVKIT_DECODE_TQ3=0`` / ``1`` picks TurboQuant's 3-bit unpacking in
 the tensor-core stage 1, the build before session 12 / the cheaper plans (3-bit values at
 head_dim 256 as 16-bit units, the 3-bit key table first in shared memory at head_dim 128 with
-more than 8 query rows; the default where the static counts gain: head_dim 256, and 128 with
-G * q_len > 8), same bits: all for A/B runs). With one split and no sinks stage 1 writes o and
+more than 8 query rows; the default only for head_dim 128 with G * q_len > 8, where it
+measured faster), same bits: all for A/B runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
