@@ -730,7 +730,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             auto score_loop = [&](bool finite) {
 #else
             {
-                constexpr bool finite = false;  // one plain block: the build as before
+                // Without the switch: a plain block, the same code as before the lambdas.
+                constexpr bool finite = false;
+                (void)finite;
 #endif
 #pragma unroll
             for (int ks = 0; ks < KS; ks += 2) {
@@ -992,7 +994,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             auto pv_loop = [&](bool finite) {
 #else
             {
-                constexpr bool finite = false;  // one plain block: the build as before
+                // Without the switch: a plain block, the same code as before the lambdas.
+                constexpr bool finite = false;
+                (void)finite;
 #endif
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi) {
