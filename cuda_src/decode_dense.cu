@@ -81,6 +81,15 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
     *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
     *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
 }
+// Tiles without a NaN code (decode_mma.cuh KV_MMA_NANTILE_K / _V): the same operands without
+// the NaN patch.
+#define KV_MMA_NANTILE_K KV_E4M3_NANTILE
+#define KV_MMA_NANTILE_V KV_E4M3_NANTILE
+__device__ __forceinline__ void kv_mma_kstep_finite(const unsigned* raw, int ks,
+                                                    const unsigned*, unsigned* h0,
+                                                    unsigned* h1) {
+    kv_dc_e4m3x4_f16x2_finite(raw[ks], h0, h1);
+}
 // V straight into registers (decode_mma.cuh KV_MMA_V_REGS): lane group g's VPL = D / 8
 // bytes at byte VPL g of the staged row (16-byte aligned rows, so VPL-aligned loads).
 #define KV_MMA_V_REGS 1
@@ -91,13 +100,20 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     kv_load_words<VPL / 4, (VPL < 16 ? VPL : 16)>(rows[1] + VPL * g, raw);
 }
 // Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves).
+__device__ __forceinline__ unsigned kv_mma_vbytes(const unsigned* ra, const unsigned* rb, int j) {
+    const int o = 2 * (j & 1);
+    return __byte_perm(ra[j >> 1], rb[j >> 1],
+                       o | ((4 + o) << 4) | ((o + 1) << 8) | ((5 + o) << 12));
+}
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
                                              unsigned* w0, unsigned* w1) {
-    const int o = 2 * (j & 1);
-    const unsigned e =
-        __byte_perm(ra[j >> 1], rb[j >> 1], o | ((4 + o) << 4) | ((o + 1) << 8) | ((5 + o) << 12));
+    const unsigned e = kv_mma_vbytes(ra, rb, j);
     *w0 = kv_dc_e4m3x2_f16x2(e & 0xFFFFu);
     *w1 = kv_dc_e4m3x2_f16x2(e >> 16);
+}
+__device__ __forceinline__ void kv_mma_vpair_finite(const unsigned* ra, const unsigned* rb,
+                                                    int j, unsigned* w0, unsigned* w1) {
+    kv_dc_e4m3x4_f16x2_finite(kv_mma_vbytes(ra, rb, j), w0, w1);
 }
 #else
 #define KV_MMA 1

@@ -172,6 +172,14 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
     *h0 = kv_dc_e4m3x2_f16x2(raw[ks] & 0xFFFFu);
     *h1 = kv_dc_e4m3x2_f16x2(raw[ks] >> 16);
 }
+// Tiles without a NaN code (decode_mma.cuh KV_MMA_NANTILE_K): the same operands without the
+// NaN patch (the values are codes, never NaN).
+#define KV_MMA_NANTILE_K KV_E4M3_NANTILE
+__device__ __forceinline__ void kv_mma_kstep_finite(const unsigned* raw, int ks,
+                                                    const unsigned*, unsigned* h0,
+                                                    unsigned* h1) {
+    kv_dc_e4m3x4_f16x2_finite(raw[ks], h0, h1);
+}
 #else
 #define KV_MMA_KF 1.0f
 // Keys in registers, one table word per code (decode_mma.cuh KV_MMA_K_REGS + K_HILO): lane

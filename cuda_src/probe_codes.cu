@@ -36,3 +36,20 @@ extern "C" __global__ void kv_probe_e2m1x8_f16x2(
         reinterpret_cast<uint4*>(out)[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
 }
+
+// Four E4M3 codes (one word) -> the NaN-free fast path's two fp16x2 words
+// (kv_dc_e4m3x4_f16x2_finite, e4m3 * 2^-8 on every target: the software bits) and its NaN
+// test of that one word (kv_dc_e4m3_nan_acc / _found: 1 when a byte is 0x7F or 0xFF).
+extern "C" __global__ void kv_probe_e4m3x4_f16x2_finite(
+    const unsigned* __restrict__ word,  // (n,) uint32: code 4j in bits 0..7, ...
+    unsigned* __restrict__ out,         // (3 n,) uint32: bytes 0, 1 (lo), 2, 3 (hi), NaN flag
+    int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) {
+        unsigned lo, hi;
+        kv_dc_e4m3x4_f16x2_finite(word[i], &lo, &hi);
+        out[3 * i] = lo;
+        out[3 * i + 1] = hi;
+        out[3 * i + 2] = kv_dc_e4m3_nan_found(kv_dc_e4m3_nan_acc(0u, word[i])) ? 1u : 0u;
+    }
+}

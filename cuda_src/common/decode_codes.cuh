@@ -138,6 +138,45 @@ __device__ __forceinline__ unsigned kv_bitsel(unsigned a, unsigned b) {
     asm("lop3.b32 %0, %1, %2, %3, 0xE4;" : "=r"(r) : "r"(a), "r"(b), "n"(M));
     return r;
 }
+// Software E4M3 path only (KVKIT_HW_FP8 0): a per-tile NaN-free fast path for the decode
+// kernels (decode_mma.cuh KV_MMA_NANTILE_K / _V). kv_dc_e4m3x2_f16x2's compare and NaN patch
+// are two of its six instructions per pair; a tile whose bytes hold no NaN code needs
+// neither, and one test per word plus one vote per warp and tile is cheaper than the patch.
+// KV_E4M3_NANTILE: 1 (the default there; -DKVKIT_DECODE_FP8_NANTILE=0 for A/B runs) turns
+// it on; always 0 where the conversion is the hardware's (it has no patch to save).
+#if KVKIT_HW_FP8
+#define KV_E4M3_NANTILE 0
+#elif defined(KVKIT_DECODE_FP8_NANTILE)
+#define KV_E4M3_NANTILE KVKIT_DECODE_FP8_NANTILE
+#else
+#define KV_E4M3_NANTILE 1
+#endif
+// acc with bit 7 of some byte set when word w has a NaN code (0x7F / 0xFF) in some byte; fold
+// every word in, then kv_dc_e4m3_nan_found(acc). Adding 1 to each byte flips its bit 7 iff
+// the carry reaches bit 7: its low 7 bits are all ones (a NaN code), or they are 0x7E with a
+// carry in, which only a NaN code 0xFF below starts; so no NaN code, no flip, and the lowest
+// NaN code always flips (no carry into it). Two instructions: the add and one LOP3.
+__device__ __forceinline__ unsigned kv_dc_e4m3_nan_acc(unsigned acc, unsigned w) {
+    return acc | ((w + 0x01010101u) ^ w);
+}
+__device__ __forceinline__ bool kv_dc_e4m3_nan_found(unsigned acc) {
+    return (acc & 0x80808080u) != 0u;
+}
+// Four E4M3 bytes w -> fp16x2 of bytes 0, 1 (*lo) and 2, 3 (*hi): kv_dc_e4m3x2_f16x2's bits
+// for every byte but the NaN codes (those come out finite, 0x3F80 | sign: callers test
+// first). A half is sign << 15 | (b & 0x7F) << 7: high byte sign | (b >> 1 & 0x3F), low
+// byte (b & 1) << 7. Word-wide, h holds every byte's high byte (sign from w, the rest from
+// w >> 1, whose bit 6, the sign again, the final mask drops) and w << 7 every byte's low
+// byte (bit 7; the bits below, from the byte before, are dropped too); two byte permutes
+// interleave them: 7 instructions per word where the pair conversion takes 12.
+__device__ __forceinline__ void kv_dc_e4m3x4_f16x2_finite(unsigned w, unsigned* lo,
+                                                          unsigned* hi) {
+    const unsigned h = kv_bitsel<0x80808080u>(w, w >> 1);
+    const unsigned l = w << 7;
+    *lo = __byte_perm(l, h, 0x5140) & 0xBF80BF80u;
+    *hi = __byte_perm(l, h, 0x7362) & 0xBF80BF80u;
+}
+
 // The eight E2M1 codes (nibbles n0..n7, n0 in bits 0..3) of x -> four fp16x2 words, out[k] =
 // kv_dc_e2m1_pair_f16x2 of nibbles k (low half) and k + 4 (high half), each e2m1 * 2^-14.
 // kv_dc_e2m1_pair_f16x2 per word takes two shifts and two masks (the sign moves 12 bits, the

@@ -81,6 +81,12 @@
 //                     three bf16 parts each (hi + mid + lo: 24 bits, so every product is
 //                     exact as in the fp16 case; bf16's exponent range needs no scaling).
 //   KV_HAS_KMUL / kv_family_kmul(rows): per-token score factor (shared with the SIMT core)
+//   KV_MMA_NANTILE_K  1 (with K_REGS): the raw key words are E4M3 bytes, and
+//                     kv_mma_kstep_finite (same arguments) gives kv_mma_kstep's operands for
+//                     every byte but a NaN code; the tile loop tests the warp's raw words
+//                     (kv_dc_e4m3_nan_acc, one vote) and takes it where none holds one
+//   KV_MMA_NANTILE_V  1 (with V_REGS, VCODES 0): the same for values, kv_mma_vpair_finite
+//                     beside kv_mma_vpair (tested after the invalid tokens' words are zeroed)
 //   KV_MMA_TOKEN_SWAP 1 (with K_REGS and V_REGS): the warp's 16 tokens in the order
 //                     kv_mma_tok below (score M row / PV k index i is token kv_mma_tok(i)),
 //                     for staging layouts whose bank pattern wants it (NVFP4's unpadded
@@ -113,6 +119,18 @@
 #endif
 #ifndef KV_MMA_TOKEN_SWAP
 #define KV_MMA_TOKEN_SWAP 0
+#endif
+#ifndef KV_MMA_NANTILE_K
+#define KV_MMA_NANTILE_K 0
+#endif
+#ifndef KV_MMA_NANTILE_V
+#define KV_MMA_NANTILE_V 0
+#endif
+#if KV_MMA_NANTILE_K && !KV_MMA_K_REGS
+#error "KV_MMA_NANTILE_K needs KV_MMA_K_REGS"
+#endif
+#if KV_MMA_NANTILE_V && !(KV_MMA_V_REGS && !KV_MMA_VCODES)
+#error "KV_MMA_NANTILE_V needs KV_MMA_V_REGS with KV_MMA_VCODES 0"
 #endif
 #if KV_MMA_TOKEN_SWAP && !(KV_MMA_K_REGS && KV_MMA_V_REGS)
 #error "KV_MMA_TOKEN_SWAP needs keys and values in registers (the ldmatrix paths take rows in order)"
@@ -263,6 +281,38 @@ __device__ __forceinline__ int kv_mma_qdim(int p) {
     return p;
 #endif
 }
+
+// The tile loop's score and PV loops are lambdas called with a constant `finite` on each
+// side of a warp-uniform branch (KV_MMA_NANTILE_K / _V): inlined, each call keeps one
+// operand conversion.
+#if KV_MMA_K_REGS
+__device__ __forceinline__ void kv_mma_kstep_sel(bool finite, const unsigned* raw, int ks,
+                                                 const unsigned* tab, unsigned* h0,
+                                                 unsigned* h1) {
+#if KV_MMA_NANTILE_K
+    if (finite) {
+        kv_mma_kstep_finite(raw, ks, tab, h0, h1);
+        return;
+    }
+#endif
+    (void)finite;
+    kv_mma_kstep(raw, ks, tab, h0, h1);
+}
+#endif
+#if KV_MMA_V_REGS
+__device__ __forceinline__ void kv_mma_vpair_sel(bool finite, const unsigned* ra,
+                                                 const unsigned* rb, int j, unsigned* w0,
+                                                 unsigned* w1) {
+#if KV_MMA_NANTILE_V
+    if (finite) {
+        kv_mma_vpair_finite(ra, rb, j, w0, w1);
+        return;
+    }
+#endif
+    (void)finite;
+    kv_mma_vpair(ra, rb, j, w0, w1);
+}
+#endif
 
 __device__ __forceinline__ void kv_mma_f16(float* c, const unsigned* a, unsigned b0,
                                            unsigned b1) {
@@ -673,6 +723,27 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             kv_mma_kload(kr[0], c, kraw[0]);
             kv_mma_kload(kr[1], c, kraw[1]);
 #endif
+#if KV_MMA_NANTILE_K
+            // One NaN-code test of the warp's key bytes (warp-uniform): tiles without one
+            // take kv_mma_kstep_finite (same operand bits, no NaN patch). Keys of invalid
+            // tokens are tested too (their scores become -inf either way, conservative).
+            unsigned knan = 0u;
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+#pragma unroll
+                for (int i = 0; i < KV_MMA_KRAW; ++i) knan = kv_dc_e4m3_nan_acc(knan, kraw[tt][i]);
+            }
+            const bool kfinite = !__any_sync(KV_FULL_MASK, kv_dc_e4m3_nan_found(knan));
+#endif
+            // The k-loop, once per key conversion (finite: KV_MMA_NANTILE_K's fast one).
+#if KV_MMA_NANTILE_K
+            auto score_loop = [&](bool finite) {
+#else
+            {
+                // Without the switch: a plain block, the same code as before the lambdas.
+                constexpr bool finite = false;
+                (void)finite;
+#endif
 #pragma unroll
             for (int ks = 0; ks < KS; ks += 2) {
                 unsigned qh[NR][4];
@@ -697,8 +768,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_MMA_K_DIRECT
                     kv_ldsm_x4(ah, k_addr + (ks + u) * 32);
 #elif KV_MMA_K_REGS
-                    kv_mma_kstep(kraw[0], ks + u, tab_s, &ah[0], &ah[2]);
-                    kv_mma_kstep(kraw[1], ks + u, tab_s, &ah[1], &ah[3]);
+                    kv_mma_kstep_sel(finite, kraw[0], ks + u, tab_s, &ah[0], &ah[2]);
+                    kv_mma_kstep_sel(finite, kraw[1], ks + u, tab_s, &ah[1], &ah[3]);
 #else
                     kv_mma_k4(kr[0], ks + u, c, &ah[0], &ah[2]);
                     kv_mma_k4(kr[1], ks + u, c, &ah[1], &ah[3]);
@@ -726,6 +797,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
                 (void)ql;
             }
+#if KV_MMA_NANTILE_K
+            };
+            if (kfinite)
+                score_loop(true);
+            else
+                score_loop(false);
+#else
+            }
+#endif
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
@@ -919,13 +999,39 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
             }
 #endif
+            // The m-tile loop, once per value conversion (finite: KV_MMA_NANTILE_V's).
+#if KV_MMA_NANTILE_V
+            auto pv_loop = [&](bool finite) {
+#else
+            {
+                // Without the switch: a plain block, the same code as before the lambdas.
+                constexpr bool finite = false;
+                (void)finite;
+#endif
 #pragma unroll
-            for (int mi = 0; mi < MT; ++mi) {
-                unsigned av[4];
-                kv_mma_vpair(vraw[0], vraw[1], mi, &av[0], &av[1]);
-                kv_mma_vpair(vraw[2], vraw[3], mi, &av[2], &av[3]);
-                kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
+                for (int mi = 0; mi < MT; ++mi) {
+                    unsigned av[4];
+                    kv_mma_vpair_sel(finite, vraw[0], vraw[1], mi, &av[0], &av[1]);
+                    kv_mma_vpair_sel(finite, vraw[2], vraw[3], mi, &av[2], &av[3]);
+                    kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
+                }
+#if KV_MMA_NANTILE_V
+            };
+            // As for the keys: one NaN-code test of the value bytes the warp converts (after
+            // the zeroing above, so invalid tokens' bytes do not count).
+            unsigned vnan = 0u;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+#pragma unroll
+                for (int i = 0; i < KV_MMA_VRAW; ++i) vnan = kv_dc_e4m3_nan_acc(vnan, vraw[k][i]);
             }
+            if (!__any_sync(KV_FULL_MASK, kv_dc_e4m3_nan_found(vnan)))
+                pv_loop(true);
+            else
+                pv_loop(false);
+#else
+            }
+#endif
 #else
             const unsigned vaddr = kv_v_operand_tile(pipe, s, tw0, lane, n_tile, tp, vt_s, warp);
 #if KV_MMA_V_DIRECT

@@ -40,7 +40,11 @@ another float32 order); ``KVKIT_DECODE_TQ3=0`` / ``1`` picks TurboQuant's 3-bit 
 the tensor-core stage 1, the build before session 12 / the cheaper plans (3-bit values at
 head_dim 256 as 16-bit units, the 3-bit key table first in shared memory at head_dim 128 with
 more than 8 query rows; the default only for head_dim 128 with G * q_len > 8, where it
-measured faster), same bits: all for A/B runs). With one split and no sinks stage 1 writes o and
+measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1`` turns off / on (the default)
+the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: fp8_e4m3 keys
+and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
+conversion; same bits; no effect where the conversion is the hardware's): all for A/B
+runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -292,6 +296,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
     tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
     tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
+    fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
@@ -299,7 +304,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks,
+        row_runs, tq_variant, tq3, min_blocks, fp8_nantile,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -337,6 +342,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
         # the build before them (0); default per shape in decode_turboquant.cu (A/B runs).
         defines["KVKIT_DECODE_TQ3"] = tq3
+    if fp8_nantile and (fmt.name == "fp8_e4m3" or fmt.name == "turboquant_k8v4"):
+        # The software-FP8 path's per-tile NaN-free E4M3 conversion (1, the default) or the
+        # exact one everywhere (0) (decode_codes.cuh KV_E4M3_NANTILE; A/B runs).
+        defines["KVKIT_DECODE_FP8_NANTILE"] = fp8_nantile
     if nvfp4_rev and fmt.family == "nvfp4":
         # NVFP4's tensor-core tile: nvdec2's (1, the default) or session 10's (0)
         # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).

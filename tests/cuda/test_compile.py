@@ -186,17 +186,20 @@ def test_tensor_core_decode_does_not_spill(arch):
     # session 10's NVFP4 tile (KVKIT_DECODE_NVFP4_REV=0; the default is nvdec2's); "-runs": the
     # row runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by
     # default, fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
-    # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs).
+    # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs); "-nantile0": the software-FP8 path's exact
+    # E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free
+    # tiles without the NaN patch).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
         "rev0": ("KVKIT_DECODE_NVFP4_REV", "0"),
         "runs": ("KVD_ROW_RUNS_ON", "1"),
         "tqv0": ("KVKIT_DECODE_TQ_VARIANT", "0"),
+        "nantile0": ("KVKIT_DECODE_FP8_NANTILE", "0"),
     }
-    for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs", "nvfp4",
-                 "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0", "nvfp4-rev0", *TQ,
-                 "turboquant_4bit_nc-tqv0", "turboquant_k8v4-tqv0"):  # fmt: skip
+    for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
+                 "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
+                 "nvfp4-rev0", *TQ, "turboquant_4bit_nc-tqv0", "turboquant_k8v4-tqv0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),

@@ -55,6 +55,30 @@ def test_e4m3_pairs_to_f16x2_every_pair():
         assert np.array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
 
 
+def test_e4m3_words_to_f16x2_finite_every_pair_in_both_positions():
+    """kv_dc_e4m3x4_f16x2_finite (the software path's per-tile fast conversion, decode_mma.cuh
+    KV_MMA_NANTILE_K / _V): every code pair in bytes 0, 1 and in bytes 2, 3 of a word (the
+    other two bytes the next pair, so NaN codes sit below, above and beside others) gives
+    ml_dtypes' value times 2^-8 bitwise for every non-NaN code; the word's NaN test is set
+    exactly when one of its four bytes is a NaN code. Integer code only: the same on every
+    target."""
+    pairs = np.arange(1 << 16, dtype=np.uint32)
+    other = (pairs + 1) & 0xFFFF
+    words = np.concatenate([pairs | (other << 16), other | (pairs << 16)])
+    out = _run("kv_probe_e4m3x4_f16x2_finite", words, extra=2 * words.size)
+    lo, hi, flag = out[0::3], out[1::3], out[2::3]
+    codes = words.view(np.uint8).reshape(-1, 4)
+    value = codes.view(ml_dtypes.float8_e4m3fn).astype(np.float64)
+    nan = np.isnan(value)
+    np.testing.assert_array_equal(flag, nan.any(axis=1).astype(np.uint32))
+    for k, w in enumerate((lo, hi)):
+        for h, got in enumerate(_halves(w)):
+            col = 2 * k + h
+            want = (value[:, col] / 256.0).astype(np.float16)
+            ok = ~nan[:, col]
+            assert np.array_equal(got[ok].view(np.uint16), want[ok].view(np.uint16))
+
+
 def test_e2m1_bytes_to_f16x2_every_byte():
     byte = np.arange(256, dtype=np.uint32)
     lo, hi = _halves(_run("kv_probe_e2m1x2_f16x2", byte))

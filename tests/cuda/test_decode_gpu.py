@@ -642,6 +642,115 @@ def test_nan_bytes_past_the_sequence_end_are_masked(cp, name, head_dim):
         assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL, num_splits
 
 
+# --- E4M3 NaN codes in valid tokens: the software path's per-tile fast conversion -------------
+# (decode_mma.cuh KV_MMA_NANTILE_K / _V; KVKIT_DECODE_FP8_NANTILE). A warp whose tile bytes
+# hold no NaN code (0x7F / 0xFF) converts them without the NaN patch, one that holds one takes
+# the exact conversion for that tile: the same bits either way. Natively on sm_89+ the
+# conversion is the hardware's and the switch is a no-op; scripts/gpu_check.sh's KVKIT_ARCH=sm_80
+# pass runs the software path.
+
+
+def _poison_e4m3(case, cells):
+    """Write E4M3 NaN codes into both layers and rebuild the reference pages from the CPU
+    layer (kvkit.dequantize: the spec's NaN). cells: (plane, page, head, slot, byte, code);
+    plane "k" / "v" (fp8_e4m3) or "slots" (k8v4: key byte d at slot byte d)."""
+    for plane, page, head, slot, byte, code in cells:
+        case.cpu.planes[plane][page, head, slot, byte] = code
+        case.gpu.planes[plane][page, head, slot, byte] = code
+    bs = case.cpu.block_size
+    n = case.cpu.num_blocks * bs
+    kd, vd = kvkit.dequantize(case.cpu, np.arange(n, dtype=np.int64))
+    shape = (case.cpu.num_blocks, bs, case.cpu.num_kv_heads, case.cpu.head_dim)
+    case.k_pages = kd.reshape(shape).transpose(0, 2, 1, 3)
+    case.v_pages = vd.reshape(shape).transpose(0, 2, 1, 3)
+
+
+def _nan_cells(case, name, target):
+    """NaN codes in valid tokens of some tiles (64 tokens) and not others, plus NaN codes in
+    the slots past sequence 3's end (masked: they must not reach o either way)."""
+    d = case.cpu.head_dim
+    bs = case.cpu.block_size
+    kplane, vplane = ("slots", None) if name == "turboquant_k8v4" else ("k", "v")
+
+    def at(b, tok, head, byte, code, plane):
+        return (plane, int(case.block_tables[b, tok // bs]), head, tok % bs, byte, code)
+
+    cells = []
+    if "k" in target:  # keys: sequence 0 tile 1, sequence 2 tile 0 (both signs)
+        cells += [at(0, 100, 1, d // 2 + 1, 0x7F, kplane), at(2, 10, 0, 3, 0xFF, kplane)]
+    if "v" in target:  # values: sequence 1 tile 3, sequence 2 tile 2
+        cells += [at(1, 200, 0, d - 1, 0xFF, vplane), at(2, 150, 1, 5, 0x7F, vplane)]
+    n3 = int(case.seq_lens[3])
+    page = int(case.block_tables[3, (n3 - 1) // bs])
+    for slot in range(n3 % bs or bs, bs):
+        cells += [(kplane, page, h, slot, 0, 0x7F) for h in range(2)]
+        if vplane:
+            cells += [(vplane, page, h, slot, d - 2, 0xFF) for h in range(2)]
+    return cells
+
+
+@pytest.mark.parametrize("name, head_dim, group, q_len, target", [
+    ("fp8_e4m3", 128, 4, 1, "k"), ("fp8_e4m3", 128, 4, 1, "v"), ("fp8_e4m3", 128, 4, 1, "kv"),
+    ("fp8_e4m3", 64, 8, 1, "kv"), ("fp8_e4m3", 256, 2, 1, "kv"), ("fp8_e4m3", 128, 2, 4, "kv"),
+    ("fp8_e4m3", 128, 16, 1, "kv"),
+    ("turboquant_k8v4", 128, 4, 1, "k"), ("turboquant_k8v4", 64, 2, 1, "k"),
+    ("turboquant_k8v4", 256, 4, 1, "k"), ("turboquant_k8v4", 128, 8, 2, "k"),
+])  # fmt: skip
+def test_e4m3_nan_codes_propagate_as_in_the_reference(cp, name, head_dim, group, q_len, target,
+                                                       monkeypatch):  # fmt: skip
+    """E4M3 NaN codes in valid tokens of some tiles: a key's makes its KV head's rows NaN (o
+    and lse), a value's makes that dim of o NaN in those rows, as in the float64 reference
+    over the spec's values (kvkit.dequantize); every other entry within DECODE_GPU_RTOL; NaN
+    codes past a sequence's end change nothing. The per-tile fast conversion (default) and the
+    exact one everywhere (KVKIT_DECODE_FP8_NANTILE=0) give the same bits, NaN payloads
+    included, with 1 and 3 splits. Sequence lengths keep every poisoned token among 15
+    visible ones of its warp (so the tile's max logit is finite, as in the reference)."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[300, 260, 200, 70], seed=head_dim + group + q_len)  # fmt: skip
+    _poison_e4m3(case, _nan_cells(case, name, target))
+    ref_o, ref_lse = case.reference()
+    nan_o, nan_lse = np.isnan(ref_o), np.isnan(ref_lse)
+    # The poisoning reached the reference where intended, and only there.
+    assert nan_o.any() and not nan_o.all()
+    assert nan_lse.any() == ("k" in target)
+    assert not nan_o[3].any()
+    for num_splits in (1, 3):
+        outs = []
+        for value in (None, "0"):
+            if value is None:
+                monkeypatch.delenv("KVKIT_DECODE_FP8_NANTILE", raising=False)
+            else:
+                monkeypatch.setenv("KVKIT_DECODE_FP8_NANTILE", value)
+            case.gpu.error_flag.fill(0)
+            outs.append(case.run(num_splits))
+            assert case.flag() == 0, (value, num_splits)
+        (o, lse), (o_old, lse_old) = outs
+        np.testing.assert_array_equal(o.view(np.uint32), o_old.view(np.uint32))
+        np.testing.assert_array_equal(lse.view(np.uint32), lse_old.view(np.uint32))
+        np.testing.assert_array_equal(np.isnan(o), nan_o)
+        np.testing.assert_array_equal(np.isnan(lse), nan_lse)
+        assert rel_error(np.where(nan_o, 0.0, o), np.where(nan_o, 0.0, ref_o)) <= DECODE_GPU_RTOL
+        assert lse_error(lse[~nan_lse], ref_lse[~nan_lse]) <= DECODE_GPU_RTOL
+
+
+@pytest.mark.parametrize("name, head_dim, group, q_len, window", [
+    ("fp8_e4m3", 128, 4, 1, None), ("fp8_e4m3", 128, 8, 2, 90), ("fp8_e4m3", 64, 4, 1, None),
+    ("fp8_e4m3", 256, 2, 4, None), ("fp8_e4m3", 128, 16, 1, None),
+    ("turboquant_k8v4", 128, 4, 1, None), ("turboquant_k8v4", 64, 8, 1, 70),
+    ("turboquant_k8v4", 256, 4, 1, None),
+])  # fmt: skip
+def test_fp8_nantile_fast_path_agrees_bit_for_bit(cp, name, head_dim, group, q_len, window,
+                                                  monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_FP8_NANTILE: the per-tile NaN-free E4M3 conversion (default on the
+    software path) and the exact one everywhere (0) build the same fp16 operands in the same
+    mma positions: the same bits, on ordinary data (every tile takes the fast path), ragged
+    lengths and a window (masked tokens, whose value words are zeroed before the test)."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[300, 129, 64, 5], window=window,
+                seed=head_dim + 10 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_FP8_NANTILE", None, "0")
+
+
 # --- index safety ------------------------------------------------------------------------------
 
 
