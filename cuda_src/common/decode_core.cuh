@@ -390,7 +390,7 @@ struct KvQPrefetch {
         const int idx = threadIdx.x + k * kvd::THREADS;
         // (k >= NREAL: idx >= R D for every thread; the unrolled callers' k is a constant.)
         if (k >= NREAL || idx >= kvd::R * kvd::D) return 0.f;
-        if (k < NQL) return kv_q_bits_value(bits[k < NQL ? k : 0]);
+        if (k < NQL) return kv_q_bits_value(bits[k]);
         return kv_q_bits_value(kv_load_q_bits(q, src(idx, b, kvh, num_heads)));
     }
 };
