@@ -836,6 +836,19 @@ def test_decode_merge_kernel_matches_the_float64_merge(cp, num_splits, head_dim,
     every launch shape kvkit.cuda.decode.merge_block picks (one to 32 split groups, 8 to 128
     column groups, column chunks, head dims that are not powers of two). Empty splits (m =
     -inf) carry NaN accumulators (never read), one row is all empty, split_stride > S."""
+    _check_decode_merge_kernel(cp, num_splits, head_dim, sinks, block=None)
+
+
+@pytest.mark.parametrize("num_splits", [5, 9, 23])
+@pytest.mark.parametrize("sinks", [False, True])
+def test_decode_merge_kernel_in_several_passes(cp, num_splits, sinks):
+    """The kernel's passes over the splits (more splits than 4 per split group: a later pass
+    with a larger max rescales the sums so far), which merge_block's shapes reach only past
+    128 splits: a block of one split group forces them."""
+    _check_decode_merge_kernel(cp, num_splits, 128, sinks, block=(32, 1))
+
+
+def _check_decode_merge_kernel(cp, num_splits, head_dim, sinks, block):
     from kvkit.cuda import decode as cuda_decode
 
     rng = np.random.default_rng(num_splits * 1000 + head_dim + sinks)
@@ -849,16 +862,22 @@ def test_decode_merge_kernel_matches_the_float64_merge(cp, num_splits, head_dim,
     empty = rng.random((rows, num_splits)) < 0.3
     empty[5] = True  # a row with nothing visible
     empty[7, :] = False
+    empty[0, -1] = False
     m[:, :num_splits][empty] = -np.inf
     l_sum[:, :num_splits][empty] = 0.0
     acc[:, :num_splits][empty] = np.nan
     if num_splits > 1:
         m[7, 0] = 200.0  # the other splits' weights underflow to 0 in float32
+        m[0, num_splits - 1] = 50.0  # the last split (pass) holds row 0's max: a rescale
     sink = (rng.standard_normal(num_heads) + 1.0).astype(np.float32) if sinks else None
 
     o = cp.zeros((rows, head_dim), dtype=cp.float32)
     lse = cp.zeros((rows,), dtype=cp.float32)
-    cgroups, sgroups, chunks = cuda_decode.merge_block(num_splits, head_dim)
+    if block is None:
+        cgroups, sgroups, chunks = cuda_decode.merge_block(num_splits, head_dim)
+    else:
+        cgroups, sgroups = block
+        chunks = -(-head_dim // (cuda_decode.MERGE_COLS * cgroups))
     kern = cuda_decode._merge_kernel("kv_decode_merge_splits")
     kern(
         (rows, chunks), (cgroups, sgroups),
