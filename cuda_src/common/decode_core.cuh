@@ -322,18 +322,6 @@ constexpr int SMEM = OFF_STG + STG_BYTES;
 }  // namespace kvd
 
 
-__device__ __forceinline__ float kv_load_q(const void* q, long long idx) {
-#if KV_IN_DTYPE == 0
-    return static_cast<const float*>(q)[idx];
-#elif KV_IN_DTYPE == 1
-    return kv_dc_f16(static_cast<const unsigned short*>(q)[idx]);
-#elif KV_IN_DTYPE == 2
-    return kv_dc_bf16(static_cast<const unsigned short*>(q)[idx]);
-#else
-#error "KV_IN_DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16 bits)"
-#endif
-}
-
 // The bits of query element idx (float32 bits, or the 16 bits of fp16 / bf16), and their
 // value: the load and the conversion apart, so that several loads can fly before the first
 // conversion waits.
@@ -349,8 +337,10 @@ __device__ __forceinline__ float kv_q_bits_value(unsigned bits) {
     return __uint_as_float(bits);
 #elif KV_IN_DTYPE == 1
     return kv_dc_f16(bits);
-#else
+#elif KV_IN_DTYPE == 2
     return kv_dc_bf16(bits);
+#else
+#error "KV_IN_DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16 bits)"
 #endif
 }
 
@@ -366,7 +356,8 @@ __device__ __forceinline__ float kv_q_bits_value(unsigned bits) {
 template <int N>
 struct KvQPrefetch {
     static constexpr int NREAL = (kvd::R * kvd::D + kvd::THREADS - 1) / kvd::THREADS;
-    static constexpr int NQL = NREAL < N ? (NREAL < 16 ? NREAL : 16) : (N < 16 ? N : 16);
+    static_assert(NREAL <= N, "the callers' N covers every real row");
+    static constexpr int NQL = NREAL < 16 ? NREAL : 16;
     unsigned bits[NQL];
 
     static __device__ __forceinline__ long long src(int idx, int b, int kvh, int num_heads) {

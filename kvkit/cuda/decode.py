@@ -91,6 +91,9 @@ MERGE_WARPS = 4
 MERGE_COLS = 4
 MERGE_SPLITS_PER_THREAD = 4
 MERGE_THREADS = 256
+# merge_block's 32 split groups take every split count up to MAX_SPLITS in one pass of the
+# kernel (its later passes, which rescale, then run only in tests that force them).
+assert MAX_SPLITS <= 32 * MERGE_SPLITS_PER_THREAD
 #: Load-width code: the widest aligned width (16, 8, 4, 2, 1) lives in these bits
 #: (KVD_VEC_MASK in cuda_src/common/decode_core.cuh).
 VEC_MASK = 31
