@@ -131,6 +131,23 @@
 #endif
 #define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES && (!KV_BULK_WARP_SLABS || KVD_USE_MMA))
 #define KVD_BULK_WARP_SLABS (KVD_BULK && KV_BULK_WARP_SLABS)
+// Warp-independent tile pipelines for warp-slab launches (KVKIT_DECODE_WARP_PIPE=1, env
+// KVKIT_DECODE_WARP_PIPE, kvkit/cuda/decode.py; A/B builds). A slab warp copies, waits on and
+// reads only its own 16 tokens of every tile (its slab of each plane), so the only data the
+// warps of the tile loop shared were the page ring (filled by threads < TILE for all) and the
+// stage barriers (one arrival per warp). Here each warp has STAGES barriers of its own (one
+// arrival: its elected lane's arrive.expect_tx), lanes 0..15 of warp w read and store the
+// pages of tokens 16 w .. 16 w + 15, and the tile loop's CTA barrier becomes the warp's proxy
+// fence and __syncwarp (KvTilePipe::tile_sync): warps drift apart (one copies while another
+// waits or computes) and meet only at the end of the split. Launches that are not slabs
+// (pages of < 16 tokens, strided planes) keep the CTA barrier and the shared barriers; the
+// ring's writers are the same lanes there (the CTA barrier publishes them to every warp).
+#if defined(KVKIT_DECODE_WARP_PIPE)
+#define KVD_WARP_PIPE_ON KVKIT_DECODE_WARP_PIPE
+#else
+#define KVD_WARP_PIPE_ON 0
+#endif
+#define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -305,8 +322,10 @@ constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
-// The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY).
-constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES;
+// The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY); per warp
+// and stage with KVD_WARP_PIPE (warp w's at 8 STAGES w).
+constexpr int BARS = KVD_WARP_PIPE ? NW : 1;
+constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES * BARS;
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
 constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
 
@@ -981,24 +1000,40 @@ struct KvTilePipe {
         const int idx = bt_sh >= 0 ? tok >> bt_sh : tok / block_size;
         return bt[idx];
     }
-    // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
-    // the tile or for a bad entry (flag bit 2).
+    // The tile token whose pages this thread reads and stores (ring threads only): threadIdx.x
+    // (threads < TILE); with KVD_WARP_PIPE 16 w + lane (lanes 0..15 of warp w), a warp's own
+    // tokens, so a slab warp reads only ring slots its own lanes wrote.
+    __device__ __forceinline__ static int ring_tok() {
+#if KVD_WARP_PIPE
+        static_assert(kvd::SUB16, "warp pipes: one warp per 16 tokens of a tile");
+        return (int)(16 * (threadIdx.x / KV_WARP) + (threadIdx.x & 15));
+#else
+        return (int)threadIdx.x;
+#endif
+    }
+    // Slot of tile j in the ring, entry e of this thread's token (ring_tok): -1 past the tile
+    // or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        const bool lv = live(j, threadIdx.x);
+        const int t = ring_tok();
+        const bool lv = live(j, t);
         const bool ok = kv_page_ok(e, num_blocks);
-        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
+        tp_ring[(j % kvd::NP) * kvd::TILE + t] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
     // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1:
     // every entry loaded before the first is stored (a load-store loop waited for each load
     // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
+#if KVD_WARP_PIPE
+        if ((threadIdx.x & (KV_WARP - 1)) < 16) {  // the ring lanes of every warp (ring_tok)
+#else
         if (threadIdx.x < kvd::TILE) {
+#endif
             int e[kvd::STAGES];
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, threadIdx.x);
-            pf_e0 = entry(kvd::STAGES, threadIdx.x);
-            pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
+            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, ring_tok());
+            pf_e0 = entry(kvd::STAGES, ring_tok());
+            pf_e1 = entry(kvd::STAGES + 1, ring_tok());
 #pragma unroll
             for (int j = 0; j < kvd::STAGES; ++j) store(j, e[j]);
         }
@@ -1008,10 +1043,14 @@ struct KvTilePipe {
     // its use, as one tile of a short kernel (fp16: ~1 us) does not cover a block-table load
     // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
+#if KVD_WARP_PIPE
+        if ((threadIdx.x & (KV_WARP - 1)) < 16) {  // the ring lanes of every warp (ring_tok)
+#else
         if (threadIdx.x < kvd::TILE) {
+#endif
             store(i + kvd::STAGES, pf_e0);
             pf_e0 = pf_e1;
-            pf_e1 = entry(i + kvd::STAGES + 2, threadIdx.x);
+            pf_e1 = entry(i + kvd::STAGES + 2, ring_tok());
         }
     }
     __device__ __forceinline__ const int* pages(int j) const {
@@ -1095,9 +1134,17 @@ struct KvTilePipe {
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg >= 0 ? 16u * TW : 0u);
         if (pg >= 0) {
+#if !KVD_WARP_PIPE
             // The stage was last read through the generic proxy (before this tile's barrier);
             // the copy engine writes through the async one.
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+#else
+            // Warp pipes: every lane fenced its own reads of the stage before the warp's
+            // __syncwarp (tile_sync), the pattern fence_for_bulk describes. The prologue's
+            // stages (0 .. STAGES - 2) have no generic access before their first copies; the
+            // last one (the float query rows) is fenced by every thread before the CTA barrier
+            // ahead of the tile loop.
+#endif
             // Pages of <= TILE tokens (the common case): sbase holds the in-page offset; the
             // others add the tile's offset in its page (a second copy of the code, so the
             // common one has no offset arithmetic per plane).
@@ -1217,6 +1264,20 @@ struct KvTilePipe {
     // loop's last iteration put a CTA barrier after every thread's last wait, and no tile
     // past n_tiles arrives, so nothing touches them any more.
     __device__ __forceinline__ void retire_bulk() const {
+#if KVD_WARP_PIPE
+        if (slabs) {
+            // Warp pipes: each warp's own barriers (bar_sa is the warp's), by its lane 0 once
+            // every lane of the warp is past its last wait (__syncwarp orders them; no copy is
+            // pending: the warp waited for each tile it issued, none past n_tiles). n_tiles is
+            // the CTA's, so every warp made (kv_make_pipe) and retires its barriers.
+            __syncwarp();
+            if ((threadIdx.x & (KV_WARP - 1)) == 0) {
+#pragma unroll
+                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+            }
+            return;
+        }
+#endif
 #if KVD_BULK
         if (fast && threadIdx.x == 0) {
 #pragma unroll
@@ -1232,6 +1293,22 @@ struct KvTilePipe {
 #if KVD_BULK
         if (fast) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
+    }
+    // After tile i's wait: before its compute reads the stage and ring slot, and before the
+    // issue that refills the stage tile i - 1 used. The CTA barrier, except in warp pipes
+    // (KVD_WARP_PIPE, slab launches), where a warp's copies, ring slots and barriers are its
+    // own: each lane's proxy fence (its generic reads of the stage of tile i - 1 before the
+    // copy engine's writes of the next issue), then __syncwarp (those fences, and the ring
+    // lanes' stores, before the warp's elected copy and its lanes' reads).
+    __device__ __forceinline__ void tile_sync() const {
+#if KVD_WARP_PIPE
+        if (slabs) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            __syncwarp();
+            return;
+        }
+#endif
+        __syncthreads();
     }
     // Tile i's copies have landed (before the tile's barrier).
     template <int PENDING>
@@ -1423,14 +1500,29 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     // tiles would otherwise leave valid barriers behind in the shared memory it hands back).
     if (pp.fast && pp.n_tiles > 0 && threadIdx.x == 0) {
         // Warp slabs: one arrival per warp (kv_mbar_arrive_tx_warp); else one per thread.
-#if KVD_BULK_WARP_SLABS
+        // Warp pipes: STAGES barriers per warp, one arrival each (the warp's).
+#if KVD_WARP_PIPE
+        const unsigned arrivals = pp.slabs ? 1u : kvd::THREADS;
+        const int nbar = pp.slabs ? kvd::NW * kvd::STAGES : kvd::STAGES;
+#elif KVD_BULK_WARP_SLABS
         const unsigned arrivals = pp.slabs ? kvd::NW : kvd::THREADS;
+        const int nbar = kvd::STAGES;
 #else
         const unsigned arrivals = kvd::THREADS;
+        const int nbar = kvd::STAGES;
 #endif
-        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
+        for (int j = 0; j < nbar; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+#if KVD_WARP_PIPE
+    {
+        // This warp's barriers (shuffled from lane 0: warp-uniform to ptxas, so the barrier
+        // addresses stay in uniform registers); every lane of every warp gets here.
+        const unsigned wb =
+            __shfl_sync(0xffffffffu, 8u * kvd::STAGES * (threadIdx.x / KV_WARP), 0);
+        if (pp.slabs) pp.bar_sa += wb;
+    }
+#endif
 #endif
     return pp;
 }

@@ -684,7 +684,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
             pipe.wait<STAGES - 2>(i);
-            __syncthreads();
+            pipe.tile_sync();  // the CTA barrier; the warp's own in warp pipes (KVD_WARP_PIPE)
             pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);
             const int t0 = pipe.first_token(i);
