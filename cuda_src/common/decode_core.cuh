@@ -324,8 +324,9 @@ constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
 // The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY); per warp
 // and stage with KVD_WARP_PIPE (warp w's at 8 STAGES w).
-constexpr int BARS = KVD_WARP_PIPE ? NW : 1;
-constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES * BARS;
+// (No constexpr variable for the barrier count: NVRTC would emit it as a PTX global, and the
+// builds without warp pipes would differ from the code before them by that line.)
+constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES * (KVD_WARP_PIPE ? NW : 1);
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
 constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
 
@@ -1003,18 +1004,19 @@ struct KvTilePipe {
     // The tile token whose pages this thread reads and stores (ring threads only): threadIdx.x
     // (threads < TILE); with KVD_WARP_PIPE 16 w + lane (lanes 0..15 of warp w), a warp's own
     // tokens, so a slab warp reads only ring slots its own lanes wrote.
-    __device__ __forceinline__ static int ring_tok() {
+    // (Unsigned, as threadIdx.x: the builds without warp pipes keep their code.)
+    __device__ __forceinline__ static unsigned ring_tok() {
 #if KVD_WARP_PIPE
         static_assert(kvd::SUB16, "warp pipes: one warp per 16 tokens of a tile");
-        return (int)(16 * (threadIdx.x / KV_WARP) + (threadIdx.x & 15));
+        return 16 * (threadIdx.x / KV_WARP) + (threadIdx.x & 15);
 #else
-        return (int)threadIdx.x;
+        return threadIdx.x;
 #endif
     }
     // Slot of tile j in the ring, entry e of this thread's token (ring_tok): -1 past the tile
     // or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        const int t = ring_tok();
+        const unsigned t = ring_tok();
         const bool lv = live(j, t);
         const bool ok = kv_page_ok(e, num_blocks);
         tp_ring[(j % kvd::NP) * kvd::TILE + t] = lv && ok ? e : -1;
