@@ -986,6 +986,12 @@ struct KvTilePipe {
     int n_tiles;
     int pf_e0;  // block-table entries of this thread's token in the next two tiles to store
     int pf_e1;
+#if KVD_WARP_PIPE
+    // Warp pipes' slab launches (pf_e0: the checked window, warp_page): the next window's
+    // unchecked entries, and one page bit per issue (warp_has_page).
+    int pf_raw;
+    unsigned pg_bits;
+#endif
 
     // Whether token t (t < TILE) of tile j is in the split: only those are looked up.
     __device__ __forceinline__ bool live(int j, int t) const {
@@ -1001,41 +1007,73 @@ struct KvTilePipe {
         const int idx = bt_sh >= 0 ? tok >> bt_sh : tok / block_size;
         return bt[idx];
     }
-    // The tile token whose pages this thread reads and stores (ring threads only): threadIdx.x
-    // (threads < TILE); with KVD_WARP_PIPE 16 w + lane (lanes 0..15 of warp w), a warp's own
-    // tokens, so a slab warp reads only ring slots its own lanes wrote.
-    // (Unsigned, as threadIdx.x: the builds without warp pipes keep their code.)
-    __device__ __forceinline__ static unsigned ring_tok() {
-#if KVD_WARP_PIPE
-        static_assert(kvd::SUB16, "warp pipes: one warp per 16 tokens of a tile");
-        return 16 * (threadIdx.x / KV_WARP) + (threadIdx.x & 15);
-#else
-        return threadIdx.x;
-#endif
-    }
-    // Slot of tile j in the ring, entry e of this thread's token (ring_tok): -1 past the tile
-    // or for a bad entry (flag bit 2).
+    // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
+    // the tile or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        const unsigned t = ring_tok();
-        const bool lv = live(j, t);
+        const bool lv = live(j, threadIdx.x);
         const bool ok = kv_page_ok(e, num_blocks);
-        tp_ring[(j % kvd::NP) * kvd::TILE + t] = lv && ok ? e : -1;
+        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
+#if KVD_WARP_PIPE
+    // Warp pipes' slab launches keep no page ring: warp w's 16 tokens of a tile (16 w ..
+    // 16 w + 15) lie in one page (pages of a multiple of 16 tokens, tiles start on a page
+    // start), so the warp needs one block-table entry per tile, that of its first token; for
+    // its tokens t the ring's tp[t] >= 0 reads "t < n_tile && the warp's page >= 0" (live(j, t)
+    // is t < n_tile, and the entry is the same for the 16).
+    // The issue side: window w = tiles 32 w .. 32 w + 31, lane k holding the checked page of
+    // tile 32 w + k (-1: not live, or bad) in pf_e0, and the next window's unchecked entries
+    // in pf_raw, loaded one window (32 tiles) before their check, so after the prologue no
+    // lane waits on a block-table load. The tile's page is a shuffle (warp_page).
+    // The compute side (tile i, STAGES - 1 tiles behind the issue, maybe in the window before)
+    // needs only whether the warp has the page: pg_bits, one bit per issue, tile i's at bit
+    // STAGES - 1 (warp_has_page).
+    // Entries read: those of live tiles' first warp tokens only (entry()), a subset of the
+    // ring's. A bad one flags bit 2 when its tile is live for the warp: exactly the bad pages
+    // the ring flagged, as a page's live tokens in a warp's tile follow the warp's first token
+    // of that tile (same page, smaller index), which is then live too.
+    __device__ __forceinline__ int window_entry(int w) const {
+        static_assert(KV_WARP == 32 && kvd::SUB16, "warp pipes: 32 tiles a window, 16 tokens a warp");
+        return entry(32 * w + (int)(threadIdx.x & 31u), 16 * (int)(threadIdx.x / 32u));
+    }
+    __device__ __forceinline__ int window_check(int w, int e) const {
+        const bool lv = live(32 * w + (int)(threadIdx.x & 31u), 16 * (int)(threadIdx.x / 32u));
+        const bool ok = kv_page_ok(e, num_blocks);
+        if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        return lv && ok ? e : -1;
+    }
+    // The warp's page of tile j at its issue (warp-uniform; -1: not live for the warp, or bad:
+    // what the ring's t16 < n ? tp[t16] : -1 gave).
+    __device__ __forceinline__ int warp_page(int j) const {
+        return __shfl_sync(0xffffffffu, pf_e0, j & 31);
+    }
+    // Whether the warp has a page in tile i, after the issue of tile i + STAGES - 1.
+    __device__ __forceinline__ bool warp_has_page() const {
+        return (pg_bits >> (kvd::STAGES - 1)) & 1u;
+    }
+    // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
+    __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {
+        return slabs ? has : pages(i)[t] >= 0;
+    }
+#endif
     // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1:
     // every entry loaded before the first is stored (a load-store loop waited for each load
     // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
 #if KVD_WARP_PIPE
-        if ((threadIdx.x & (KV_WARP - 1)) < 16) {  // the ring lanes of every warp (ring_tok)
-#else
-        if (threadIdx.x < kvd::TILE) {
+        if (slabs) {  // windows 0 (checked) and 1 (loaded), both loads in flight together
+            const int e0 = window_entry(0);
+            pf_raw = window_entry(1);
+            pf_e0 = window_check(0, e0);
+            return;
+        }
 #endif
+        if (threadIdx.x < kvd::TILE) {
             int e[kvd::STAGES];
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, ring_tok());
-            pf_e0 = entry(kvd::STAGES, ring_tok());
-            pf_e1 = entry(kvd::STAGES + 1, ring_tok());
+            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, threadIdx.x);
+            pf_e0 = entry(kvd::STAGES, threadIdx.x);
+            pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
 #pragma unroll
             for (int j = 0; j < kvd::STAGES; ++j) store(j, e[j]);
         }
@@ -1046,13 +1084,21 @@ struct KvTilePipe {
     // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
 #if KVD_WARP_PIPE
-        if ((threadIdx.x & (KV_WARP - 1)) < 16) {  // the ring lanes of every warp (ring_tok)
-#else
-        if (threadIdx.x < kvd::TILE) {
+        if (slabs) {
+            // Before the issue of tile 32 w (the next iteration's, when i + STAGES = 32 w):
+            // window w checked, window w + 1 loaded.
+            const int j = i + kvd::STAGES;
+            if ((j & 31) == 0) {
+                pf_e0 = window_check(j >> 5, pf_raw);
+                pf_raw = window_entry((j >> 5) + 1);
+            }
+            return;
+        }
 #endif
+        if (threadIdx.x < kvd::TILE) {
             store(i + kvd::STAGES, pf_e0);
             pf_e0 = pf_e1;
-            pf_e1 = entry(i + kvd::STAGES + 2, ring_tok());
+            pf_e1 = entry(i + kvd::STAGES + 2, threadIdx.x);
         }
     }
     __device__ __forceinline__ const int* pages(int j) const {
@@ -1132,21 +1178,23 @@ struct KvTilePipe {
         (void)kvh;
         (void)bs;
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#if KVD_WARP_PIPE
+        // The warp's page from its registers (warp_page: -1 unless t16 < n and the entry is
+        // good, as the ring's tp[t16] was); the ring is not written in slab launches.
+        (void)tp;
+        const int pg = warp_page(j);
+        pg_bits |= pg >= 0 ? 1u : 0u;  // (issue() shifted it)
+#else
         const int pg = __shfl_sync(0xffffffffu, t16 < n ? tp[t16] : -1, 0);
+#endif
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg >= 0 ? 16u * TW : 0u);
         if (pg >= 0) {
-#if !KVD_WARP_PIPE
             // The stage was last read through the generic proxy (before this tile's barrier);
-            // the copy engine writes through the async one.
+            // the copy engine writes through the async one. (Warp pipes: the warp's barrier,
+            // tile_sync's __syncwarp, orders its lanes' reads before this fence, as the CTA
+            // barrier orders the CTA's; the other warps never read this warp's slabs.)
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-#else
-            // Warp pipes: every lane fenced its own reads of the stage before the warp's
-            // __syncwarp (tile_sync), the pattern fence_for_bulk describes. The prologue's
-            // stages (0 .. STAGES - 2) have no generic access before their first copies; the
-            // last one (the float query rows) is fenced by every thread before the CTA barrier
-            // ahead of the tile loop.
-#endif
             // Pages of <= TILE tokens (the common case): sbase holds the in-page offset; the
             // others add the tile's offset in its page (a second copy of the code, so the
             // common one has no offset arithmetic per plane).
@@ -1298,14 +1346,14 @@ struct KvTilePipe {
     }
     // After tile i's wait: before its compute reads the stage and ring slot, and before the
     // issue that refills the stage tile i - 1 used. The CTA barrier, except in warp pipes
-    // (KVD_WARP_PIPE, slab launches), where a warp's copies, ring slots and barriers are its
-    // own: each lane's proxy fence (its generic reads of the stage of tile i - 1 before the
-    // copy engine's writes of the next issue), then __syncwarp (those fences, and the ring
-    // lanes' stores, before the warp's elected copy and its lanes' reads).
+    // (KVD_WARP_PIPE, slab launches), where a warp's copies, pages and barriers are its own:
+    // __syncwarp, which orders the lanes' generic reads of the stage of tile i - 1 before the
+    // issuing lane's proxy fence and copies (issue_bulk_slabs), as the CTA barrier does for
+    // the CTA (PTX ISA fence.proxy.async; the pattern of main's issue, one fence per copying
+    // warp-tile, not one per lane and tile).
     __device__ __forceinline__ void tile_sync() const {
 #if KVD_WARP_PIPE
         if (slabs) {
-            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             __syncwarp();
             return;
         }
@@ -1326,10 +1374,18 @@ struct KvTilePipe {
     }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
+#if KVD_WARP_PIPE
+        pg_bits <<= 1;  // tile j's page bit (slab launches: issue_bulk_slabs sets it)
+#endif
         if (j < n_tiles) {
             const int t0 = first_token(j);
             const int n = tile_tokens(j);
+#if KVD_WARP_PIPE
+            // (The ring slot after the slab branch, which does not read it.)
+            const int* tp = nullptr;
+#else
             const int* tp = pages(j);
+#endif
             // Opaque per-tile copies of kvh, block_size and threadIdx.x: what derives from
             // them is the same for every tile, and the compiler would compute it (both copy
             // paths', per plane) once and hold it over the whole loop: registers the
@@ -1350,6 +1406,9 @@ struct KvTilePipe {
                 issue_bulk_slabs(j, sa, t0, n, tp, kvh_t, bs, tid, KV_PLANE_PARAMS);
                 return;
             }
+#endif
+#if KVD_WARP_PIPE
+            tp = pages(j);
 #endif
             unsigned char* s = stage(j);
             KvIssueAt at;
@@ -1467,6 +1526,10 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
+#if KVD_WARP_PIPE
+    pp.pf_raw = 0;
+    pp.pg_bits = 0u;
+#endif
 #if KVD_BULK
     pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
 #endif
