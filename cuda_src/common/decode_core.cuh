@@ -136,12 +136,12 @@
 // reads only its own 16 tokens of every tile (its slab of each plane), so the only data the
 // warps of the tile loop shared were the page ring (filled by threads < TILE for all) and the
 // stage barriers (one arrival per warp). Here each warp has STAGES barriers of its own (one
-// arrival: its elected lane's arrive.expect_tx), lanes 0..15 of warp w read and store the
-// pages of tokens 16 w .. 16 w + 15, and the tile loop's CTA barrier becomes the warp's proxy
-// fence and __syncwarp (KvTilePipe::tile_sync): warps drift apart (one copies while another
-// waits or computes) and meet only at the end of the split. Launches that are not slabs
-// (pages of < 16 tokens, strided planes) keep the CTA barrier and the shared barriers; the
-// ring's writers are the same lanes there (the CTA barrier publishes them to every warp).
+// arrival: its elected lane's arrive.expect_tx), reads one block-table entry per tile for its
+// 16 tokens (one page) into registers, 32 tiles at a time (KvTilePipe::warp_page; no ring),
+// and the tile loop's CTA barrier becomes __syncwarp (KvTilePipe::tile_sync): warps drift
+// apart (one copies while another waits or computes) and meet only at the end of the split.
+// Launches that are not slabs (pages of < 16 tokens, strided planes) keep the CTA barrier,
+// the shared barriers and the ring.
 #if defined(KVKIT_DECODE_WARP_PIPE)
 #define KVD_WARP_PIPE_ON KVKIT_DECODE_WARP_PIPE
 #else

@@ -46,8 +46,9 @@ and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exa
 conversion; same bits; no effect where the conversion is the hardware's);
 ``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of NVFP4's warp-slab launches (sm_90+,
 head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile (the default) /
-warp-independent pipelines (each warp its own stage barriers and page-ring lanes, a warp
-barrier per tile; the warps meet at the end of the split), same bits: all for A/B
+warp-independent pipelines (each warp its own stage barriers and one block-table entry per
+tile in registers, a warp barrier per tile; the warps meet at the end of the split), same
+bits: all for A/B
 runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the

@@ -570,18 +570,40 @@ def test_nvfp4_warp_pipes_match_the_cta_barrier_build(cp, name, group, q_len, bl
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_nvfp4_warp_pipes_refill_their_page_windows(cp, name, group, block_size, window,
+                                                     monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_WARP_PIPE=1 keeps a warp's pages of 32 tiles (2048 tokens at D = 128) in
+    registers and loads the next 32 a window ahead (decode_core.cuh KvTilePipe::warp_page):
+    splits of more than 32 (here 70 and 33) tiles refill the window once or twice, a window
+    start (2500) moves the first tile off token 0, and a ragged end leaves warps of the last
+    tile without a page. Same bits as the CTA-barrier build, no flag (entries past the
+    sequence, the table's -7 padding, are never checked)."""
+    case = Case(name, head_dim=128, hkv=1, group=group, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", None)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
 @pytest.mark.parametrize("block_size", [16, 64, 128])
 def test_nvfp4_warp_pipes_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
-    """Bad block-table entries under KVKIT_DECODE_WARP_PIPE=1: each warp's ring lanes check the
-    entries of its own tokens (decode_core.cuh KvTilePipe::store), so the flag (bit 2) and the
-    outputs (bad pages masked, no copy) are those of the CTA-barrier build, bit for bit, at
-    every split count."""
+    """Bad block-table entries under KVKIT_DECODE_WARP_PIPE=1: each warp checks the entry of
+    its first token of each live tile (decode_core.cuh KvTilePipe::window_check), also in
+    windows after the first (sequence 3: tiles 33 and 40 of a 72-tile sequence), so the flag
+    (bit 2) and the outputs (bad pages masked, no copy) are those of the CTA-barrier build,
+    bit for bit, at every split count."""
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
-                seq_lens=[6 * block_size + 5, 4 * block_size, 40], seed=block_size)  # fmt: skip
+                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
+                seed=block_size)  # fmt: skip
     bt = case.block_tables.copy()
     bt[0, 1] = case.gpu.num_blocks  # one past the cache
     bt[0, 5] = -1
     bt[1, 0] = 2**31 - 1
+    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
+    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
     for num_splits in (1, 3, MAX_SPLITS):
         outs = []
         for value in ("1", None):
