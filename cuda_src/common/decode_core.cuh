@@ -131,6 +131,23 @@
 #endif
 #define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES && (!KV_BULK_WARP_SLABS || KVD_USE_MMA))
 #define KVD_BULK_WARP_SLABS (KVD_BULK && KV_BULK_WARP_SLABS)
+// Warp-independent tile pipelines for warp-slab launches (KVKIT_DECODE_WARP_PIPE=1, env
+// KVKIT_DECODE_WARP_PIPE, kvkit/cuda/decode.py; A/B builds). A slab warp copies, waits on and
+// reads only its own 16 tokens of every tile (its slab of each plane), so the only data the
+// warps of the tile loop shared were the page ring (filled by threads < TILE for all) and the
+// stage barriers (one arrival per warp). Here each warp has STAGES barriers of its own (one
+// arrival: its elected lane's arrive.expect_tx), reads one block-table entry per tile for its
+// 16 tokens (one page) into registers, 32 tiles at a time (KvTilePipe::warp_page; no ring),
+// and the tile loop's CTA barrier becomes __syncwarp (KvTilePipe::tile_sync): warps drift
+// apart (one copies while another waits or computes) and meet only at the end of the split.
+// Launches that are not slabs (pages of < 16 tokens, strided planes) keep the CTA barrier,
+// the shared barriers and the ring.
+#if defined(KVKIT_DECODE_WARP_PIPE)
+#define KVD_WARP_PIPE_ON KVKIT_DECODE_WARP_PIPE
+#else
+#define KVD_WARP_PIPE_ON 0
+#endif
+#define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -305,8 +322,11 @@ constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
-// The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY).
-constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES;
+// The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY); per warp
+// and stage with KVD_WARP_PIPE (warp w's at 8 STAGES w).
+// (No constexpr variable for the barrier count: NVRTC would emit it as a PTX global, and the
+// builds without warp pipes would differ from the code before them by that line.)
+constexpr int TP_BYTES = NP * TILE * 4 + 8 * STAGES * (KVD_WARP_PIPE ? NW : 1);
 constexpr int RED_BYTES = TGN > 1 ? (TGN - 1) * R * D * 4 : 0;
 constexpr int STG_BYTES = STAGES * STAGE_BYTES > RED_BYTES ? STAGES * STAGE_BYTES : RED_BYTES;
 
@@ -957,6 +977,12 @@ struct KvTilePipe {
     int n_tiles;
     int pf_e0;  // block-table entries of this thread's token in the next two tiles to store
     int pf_e1;
+#if KVD_WARP_PIPE
+    // Warp pipes' slab launches (pf_e0: the checked window, warp_page): the next window's
+    // unchecked entries, and one page bit per issue (warp_has_page).
+    int pf_raw;
+    unsigned pg_bits;
+#endif
 
     // Whether token t (t < TILE) of tile j is in the split: only those are looked up.
     __device__ __forceinline__ bool live(int j, int t) const {
@@ -980,10 +1006,59 @@ struct KvTilePipe {
         tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
+#if KVD_WARP_PIPE
+    // Warp pipes' slab launches keep no page ring: warp w's 16 tokens of a tile (16 w ..
+    // 16 w + 15) lie in one page (pages of a multiple of 16 tokens, tiles start on a page
+    // start), so the warp needs one block-table entry per tile, that of its first token; for
+    // its tokens t the ring's tp[t] >= 0 reads "t < n_tile && the warp's page >= 0" (live(j, t)
+    // is t < n_tile, and the entry is the same for the 16).
+    // The issue side: window w = tiles 32 w .. 32 w + 31, lane k holding the checked page of
+    // tile 32 w + k (-1: not live, or bad) in pf_e0, and the next window's unchecked entries
+    // in pf_raw, loaded one window (32 tiles) before their check, so after the prologue no
+    // lane waits on a block-table load. The tile's page is a shuffle (warp_page).
+    // The compute side (tile i, STAGES - 1 tiles behind the issue, maybe in the window before)
+    // needs only whether the warp has the page: pg_bits, one bit per issue, tile i's at bit
+    // STAGES - 1 (warp_has_page).
+    // Entries read: those of live tiles' first warp tokens only (entry()), a subset of the
+    // ring's. A bad one flags bit 2 when its tile is live for the warp: exactly the bad pages
+    // the ring flagged, as a page's live tokens in a warp's tile follow the warp's first token
+    // of that tile (same page, smaller index), which is then live too.
+    __device__ __forceinline__ int window_entry(int w) const {
+        static_assert(KV_WARP == 32 && kvd::SUB16, "warp pipes: 32 tiles a window, 16 tokens a warp");
+        return entry(32 * w + (int)(threadIdx.x & 31u), 16 * (int)(threadIdx.x / 32u));
+    }
+    __device__ __forceinline__ int window_check(int w, int e) const {
+        const bool lv = live(32 * w + (int)(threadIdx.x & 31u), 16 * (int)(threadIdx.x / 32u));
+        const bool ok = kv_page_ok(e, num_blocks);
+        if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
+        return lv && ok ? e : -1;
+    }
+    // The warp's page of tile j at its issue (warp-uniform; -1: not live for the warp, or bad:
+    // what the ring's t16 < n ? tp[t16] : -1 gave).
+    __device__ __forceinline__ int warp_page(int j) const {
+        return __shfl_sync(0xffffffffu, pf_e0, j & 31);
+    }
+    // Whether the warp has a page in tile i, after the issue of tile i + STAGES - 1.
+    __device__ __forceinline__ bool warp_has_page() const {
+        return (pg_bits >> (kvd::STAGES - 1)) & 1u;
+    }
+    // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
+    __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {
+        return slabs ? has : pages(i)[t] >= 0;
+    }
+#endif
     // Pages of tiles 0 .. STAGES - 1 and the prefetched entries of tiles STAGES, STAGES + 1:
     // every entry loaded before the first is stored (a load-store loop waited for each load
     // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
+#if KVD_WARP_PIPE
+        if (slabs) {  // windows 0 (checked) and 1 (loaded), both loads in flight together
+            const int e0 = window_entry(0);
+            pf_raw = window_entry(1);
+            pf_e0 = window_check(0, e0);
+            return;
+        }
+#endif
         if (threadIdx.x < kvd::TILE) {
             int e[kvd::STAGES];
 #pragma unroll
@@ -999,6 +1074,18 @@ struct KvTilePipe {
     // its use, as one tile of a short kernel (fp16: ~1 us) does not cover a block-table load
     // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
+#if KVD_WARP_PIPE
+        if (slabs) {
+            // Before the issue of tile 32 w (the next iteration's, when i + STAGES = 32 w):
+            // window w checked, window w + 1 loaded.
+            const int j = i + kvd::STAGES;
+            if ((j & 31) == 0) {
+                pf_e0 = window_check(j >> 5, pf_raw);
+                pf_raw = window_entry((j >> 5) + 1);
+            }
+            return;
+        }
+#endif
         if (threadIdx.x < kvd::TILE) {
             store(i + kvd::STAGES, pf_e0);
             pf_e0 = pf_e1;
@@ -1082,12 +1169,22 @@ struct KvTilePipe {
         (void)kvh;
         (void)bs;
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#if KVD_WARP_PIPE
+        // The warp's page from its registers (warp_page: -1 unless t16 < n and the entry is
+        // good, as the ring's tp[t16] was); the ring is not written in slab launches.
+        (void)tp;
+        const int pg = warp_page(j);
+        pg_bits |= pg >= 0 ? 1u : 0u;  // (issue() shifted it)
+#else
         const int pg = __shfl_sync(0xffffffffu, t16 < n ? tp[t16] : -1, 0);
+#endif
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg >= 0 ? 16u * TW : 0u);
         if (pg >= 0) {
             // The stage was last read through the generic proxy (before this tile's barrier);
-            // the copy engine writes through the async one.
+            // the copy engine writes through the async one. (Warp pipes: the warp's barrier,
+            // tile_sync's __syncwarp, orders its lanes' reads before this fence, as the CTA
+            // barrier orders the CTA's; the other warps never read this warp's slabs.)
             asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
             // Pages of <= TILE tokens (the common case): sbase holds the in-page offset; the
             // others add the tile's offset in its page (a second copy of the code, so the
@@ -1208,6 +1305,20 @@ struct KvTilePipe {
     // loop's last iteration put a CTA barrier after every thread's last wait, and no tile
     // past n_tiles arrives, so nothing touches them any more.
     __device__ __forceinline__ void retire_bulk() const {
+#if KVD_WARP_PIPE
+        if (slabs) {
+            // Warp pipes: each warp's own barriers (bar_sa is the warp's), by its lane 0 once
+            // every lane of the warp is past its last wait (__syncwarp orders them; no copy is
+            // pending: the warp waited for each tile it issued, none past n_tiles). n_tiles is
+            // the CTA's, so every warp made (kv_make_pipe) and retires its barriers.
+            __syncwarp();
+            if ((threadIdx.x & (KV_WARP - 1)) == 0) {
+#pragma unroll
+                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+            }
+            return;
+        }
+#endif
 #if KVD_BULK
         if (fast && threadIdx.x == 0) {
 #pragma unroll
@@ -1224,6 +1335,22 @@ struct KvTilePipe {
         if (fast) asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
     }
+    // After tile i's wait: before its compute reads the stage and ring slot, and before the
+    // issue that refills the stage tile i - 1 used. The CTA barrier, except in warp pipes
+    // (KVD_WARP_PIPE, slab launches), where a warp's copies, pages and barriers are its own:
+    // __syncwarp, which orders the lanes' generic reads of the stage of tile i - 1 before the
+    // issuing lane's proxy fence and copies (issue_bulk_slabs), as the CTA barrier does for
+    // the CTA (PTX ISA fence.proxy.async; the pattern of main's issue, one fence per copying
+    // warp-tile, not one per lane and tile).
+    __device__ __forceinline__ void tile_sync() const {
+#if KVD_WARP_PIPE
+        if (slabs) {
+            __syncwarp();
+            return;
+        }
+#endif
+        __syncthreads();
+    }
     // Tile i's copies have landed (before the tile's barrier).
     template <int PENDING>
     __device__ __forceinline__ void wait(int i) const {
@@ -1238,10 +1365,18 @@ struct KvTilePipe {
     }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
+#if KVD_WARP_PIPE
+        pg_bits <<= 1;  // tile j's page bit (slab launches: issue_bulk_slabs sets it)
+#endif
         if (j < n_tiles) {
             const int t0 = first_token(j);
             const int n = tile_tokens(j);
+#if KVD_WARP_PIPE
+            // (The ring slot after the slab branch, which does not read it.)
+            const int* tp = nullptr;
+#else
             const int* tp = pages(j);
+#endif
             // Opaque per-tile copies of kvh, block_size and threadIdx.x: what derives from
             // them is the same for every tile, and the compiler would compute it (both copy
             // paths', per plane) once and hold it over the whole loop: registers the
@@ -1262,6 +1397,9 @@ struct KvTilePipe {
                 issue_bulk_slabs(j, sa, t0, n, tp, kvh_t, bs, tid, KV_PLANE_PARAMS);
                 return;
             }
+#endif
+#if KVD_WARP_PIPE
+            tp = pages(j);
 #endif
             unsigned char* s = stage(j);
             KvIssueAt at;
@@ -1379,6 +1517,10 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
+#if KVD_WARP_PIPE
+    pp.pf_raw = 0;
+    pp.pg_bits = 0u;
+#endif
 #if KVD_BULK
     pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
 #endif
@@ -1414,14 +1556,29 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     // tiles would otherwise leave valid barriers behind in the shared memory it hands back).
     if (pp.fast && pp.n_tiles > 0 && threadIdx.x == 0) {
         // Warp slabs: one arrival per warp (kv_mbar_arrive_tx_warp); else one per thread.
-#if KVD_BULK_WARP_SLABS
+        // Warp pipes: STAGES barriers per warp, one arrival each (the warp's).
+#if KVD_WARP_PIPE
+        const unsigned arrivals = pp.slabs ? 1u : kvd::THREADS;
+        const int nbar = pp.slabs ? kvd::NW * kvd::STAGES : kvd::STAGES;
+#elif KVD_BULK_WARP_SLABS
         const unsigned arrivals = pp.slabs ? kvd::NW : kvd::THREADS;
+        const int nbar = kvd::STAGES;
 #else
         const unsigned arrivals = kvd::THREADS;
+        const int nbar = kvd::STAGES;
 #endif
-        for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
+        for (int j = 0; j < nbar; ++j) kv_mbar_init(pp.bar_sa + 8u * j, arrivals);
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
+#if KVD_WARP_PIPE
+    {
+        // This warp's barriers (shuffled from lane 0: warp-uniform to ptxas, so the barrier
+        // addresses stay in uniform registers); every lane of every warp gets here.
+        const unsigned wb =
+            __shfl_sync(0xffffffffu, 8u * kvd::STAGES * (threadIdx.x / KV_WARP), 0);
+        if (pp.slabs) pp.bar_sa += wb;
+    }
+#endif
 #endif
     return pp;
 }

@@ -686,12 +686,22 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
             pipe.wait<STAGES - 2>(i);
-            __syncthreads();
+            pipe.tile_sync();  // the CTA barrier; the warp's own in warp pipes (KVD_WARP_PIPE)
             pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);
             pipe.advance_pages(i);
             const int t0 = pipe.first_token(i);
             const int n_tile = pipe.tile_tokens(i);
+#if KVD_WARP_PIPE
+            // Warp pipes: slab launches have no ring; whether the warp has a page in the tile
+            // (KvTilePipe::warp_has_page) stands for the ring's tp[t] >= 0 (page_ok; the same
+            // values for the warp's tokens t). The ring slot only where the ring is read.
+            // (Only the V_REGS masks below read pages; kv_v_token_masks / kv_v_operand_tile
+            // read the ring.)
+            static_assert(KV_MMA_V_REGS, "warp pipes: the V_REGS core only");
+            const bool whp = pipe.warp_has_page();
+#else
             const int* tp = pipe.pages(i);
+#endif
             const unsigned char* s = pipe.stage(i);
             auto rows_of = [&](int t, const unsigned char** rw) { pipe.rows(s, t, rw); };
             // This thread's score tokens tw0 + g (tt = 0) and tw0 + g + 8 (tt = 1) (in the
@@ -839,7 +849,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const bool full = !KVD_MASK_ALL && t0 + TILE <= pipe.t_hi &&
                               (QL == 1 || t0 + (TILE - 1) <= seq_len - QL) &&
                               (window <= 0 || t0 >= seq_len - window) &&
+#if KVD_WARP_PIPE
+                              // (One page for the warp's 16 tokens, all in the tile here.)
+                              (pipe.slabs ? whp
+                                          : __all_sync(KV_FULL_MASK,
+                                                       pipe.pages(i)[tw0 + (lane & (WT - 1))] >= 0));
+#else
                               __all_sync(KV_FULL_MASK, tp[tw0 + (lane & (WT - 1))] >= 0);
+#endif
             float km[2];
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
@@ -867,7 +884,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
                     const int t = tw0 + kv_mma_tok(g + 8 * tt);
+#if KVD_WARP_PIPE
+                    ok[tt] = t < n_tile && pipe.page_ok(i, whp, t);
+#else
                     ok[tt] = t < n_tile && tp[t] >= 0;
+#endif
                 }
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
@@ -994,7 +1015,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int t = tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1));
+#if KVD_WARP_PIPE
+                    if (!(t < n_tile && pipe.page_ok(i, whp, t))) {
+#else
                     if (!(t < n_tile && tp[t] >= 0)) {
+#endif
 #pragma unroll
                         for (int i = 0; i < KV_MMA_VRAW; ++i) vraw[k][i] = 0u;
                     }

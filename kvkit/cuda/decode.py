@@ -43,7 +43,12 @@ more than 8 query rows; the default only for head_dim 128 with G * q_len > 8, wh
 measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1`` turns off / on (the default)
 the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: fp8_e4m3 keys
 and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
-conversion; same bits; no effect where the conversion is the hardware's): all for A/B
+conversion; same bits; no effect where the conversion is the hardware's);
+``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of NVFP4's warp-slab launches (sm_90+,
+head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile (the default) /
+warp-independent pipelines (each warp its own stage barriers and one block-table entry per
+tile in registers, a warp barrier per tile; the warps meet at the end of the split), same
+bits: all for A/B
 runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -300,6 +305,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
     tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
     fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
+    warp_pipe = _env_choice("KVKIT_DECODE_WARP_PIPE", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
@@ -307,7 +313,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks, fp8_nantile,
+        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -353,6 +359,11 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # NVFP4's tensor-core tile: nvdec2's (1, the default) or session 10's (0)
         # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).
         defines["KVKIT_DECODE_NVFP4_REV"] = nvfp4_rev
+    if warp_pipe and fmt.family == "nvfp4":
+        # Warp-independent tile pipelines in the warp-slab launches (1) or the CTA-wide tile
+        # barrier (0, the default) (decode_core.cuh KVD_WARP_PIPE; A/B runs). NVFP4 is the
+        # only family with warp slabs.
+        defines["KVKIT_DECODE_WARP_PIPE"] = warp_pipe
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"

@@ -548,6 +548,78 @@ def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_l
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NVFP4_BULK", None, "0")
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+@pytest.mark.parametrize("q_len", [1, 2])
+@pytest.mark.parametrize("block_size", [16, 32, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_nvfp4_warp_pipes_match_the_cta_barrier_build(cp, name, group, q_len, block_size,
+                                                       window, monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_WARP_PIPE=1 (decode_core.cuh KVD_WARP_PIPE): in the warp-slab launches
+    (sm_90+, D = 128, G * q_len <= 8) each warp waits on its own stage barriers, keeps its own
+    page-ring lanes and meets the others only at the end of the split, instead of a CTA
+    barrier per tile (0, the default). Only the synchronization differs, so the results are
+    the same bits: ragged lengths (37 and 3 leave warps of the last tile without a page; with
+    3 splits of 37 tokens in 16-token pages each split is one partial tile), pages below, at and
+    above the 64-token tile, a window with causal q_len 2. On GPUs without bulk copies both
+    builds are the cp.async path."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 3, 130], window=window,
+                seed=block_size + 3 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", None)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_nvfp4_warp_pipes_refill_their_page_windows(cp, name, group, block_size, window,
+                                                     monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_WARP_PIPE=1 keeps a warp's pages of 32 tiles (2048 tokens at D = 128) in
+    registers and loads the next 32 a window ahead (decode_core.cuh KvTilePipe::warp_page):
+    splits of more than 32 (here 70 and 33) tiles refill the window once or twice, a window
+    start (2500) moves the first tile off token 0, and a ragged end leaves warps of the last
+    tile without a page. Same bits as the CTA-barrier build, no flag (entries past the
+    sequence, the table's -7 padding, are never checked)."""
+    case = Case(name, head_dim=128, hkv=1, group=group, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", None)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_nvfp4_warp_pipes_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries under KVKIT_DECODE_WARP_PIPE=1: each warp checks the entry of
+    its first token of each live tile (decode_core.cuh KvTilePipe::window_check), also in
+    windows after the first (sequence 3: tiles 33 and 40 of a 72-tile sequence), so the flag
+    (bit 2) and the outputs (bad pages masked, no copy) are those of the CTA-barrier build,
+    bit for bit, at every split count."""
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
+                seed=block_size)  # fmt: skip
+    bt = case.block_tables.copy()
+    bt[0, 1] = case.gpu.num_blocks  # one past the cache
+    bt[0, 5] = -1
+    bt[1, 0] = 2**31 - 1
+    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
+    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
+    for num_splits in (1, 3, MAX_SPLITS):
+        outs = []
+        for value in ("1", None):
+            if value is None:
+                monkeypatch.delenv("KVKIT_DECODE_WARP_PIPE", raising=False)
+            else:
+                monkeypatch.setenv("KVKIT_DECODE_WARP_PIPE", value)
+            case.gpu.error_flag.fill(0)
+            o, lse = case.run(num_splits, block_tables=bt)
+            outs.append((o, lse, case.flag()))
+        (o1, lse1, f1), (o0, lse0, f0) = outs
+        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(lse1, lse0)
+
+
 @pytest.mark.parametrize("name, head_dim, group, q_len, q_dtype, window, softcap", [
     ("turboquant_4bit_nc", 128, 4, 1, "float16", None, None),
     ("turboquant_4bit_nc", 128, 4, 1, "float32", 90, None),
