@@ -1497,6 +1497,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
     // The query first: its loads fly with the seq_len and block-table loads below.
     constexpr int QPT = (R * D + THREADS - 1) / THREADS;
+    // Stage 2 (launched with programmatic serialization where it waits by griddepcontrol)
+    // may be scheduled from here on: it waits for this grid's completion itself.
+    kv_grid_dep_trigger();
     KvQPrefetch<QPT> qx;
     qx.load(q, b, kvh, num_heads);
     int seq_len;

@@ -546,6 +546,9 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     // (KvQPrefetch); 16 rows, the padding rows R..15 zero.
     constexpr int QPT = 16 * D / THREADS;
     static_assert(QPT * THREADS == 16 * D, "whole query rows per pass");
+    // Stage 2 (launched with programmatic serialization where it waits by griddepcontrol)
+    // may be scheduled from here on: it waits for this grid's completion itself.
+    kv_grid_dep_trigger();
     KvQPrefetch<QPT> qx;
     qx.load(q, b, kvh, num_heads);
     int seq_len;

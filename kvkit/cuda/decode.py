@@ -44,7 +44,9 @@ measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1`` turns off / 
 the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: fp8_e4m3 keys
 and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
 conversion; same bits; no effect where the conversion is the hardware's): all for A/B
-runs). With one split and no sinks stage 1 writes o and
+runs). On sm_90+ stage 2 is launched with programmatic stream serialization (its CTAs are
+scheduled while stage 1 drains and wait for it by griddepcontrol); ``KVKIT_DECODE_PDL=0``
+launches it the ordinary way (A/B runs). With one split and no sinks stage 1 writes o and
 lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -71,6 +73,7 @@ import numpy as np
 from .._checks import check_int, check_positive_finite
 from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
+from .launch import ProgrammaticKernel
 from .launch import launch_and_record as _launch
 from .write import plane_args
 
@@ -362,12 +365,21 @@ _merge_cache: dict[tuple, object] = {}
 
 
 def _merge_kernel(name: str):
+    """A merge kernel; stage 2 (kv_decode_merge_splits) as a ProgrammaticKernel where its build
+    waits for stage 1 by griddepcontrol (sm_90+, the module's kv_merge_grid_dep) and
+    KVKIT_DECODE_PDL is not "0"."""
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), name)
+    pdl = _env_choice("KVKIT_DECODE_PDL", ("0", "1"))
+    key = (cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), name, pdl)
     func = _merge_cache.get(key)
     if func is None:
-        func = get_module(_MERGE_ENTRY, {}).get_function(name)
+        module = get_module(_MERGE_ENTRY, {})
+        func = module.get_function(name)
+        if name == "kv_decode_merge_splits" and pdl != "0":
+            flag = cupy.ndarray((1,), cupy.int32, memptr=module.get_global("kv_merge_grid_dep"))
+            if int(flag.get()[0]) == 1:
+                func = ProgrammaticKernel(func)
         _merge_cache[key] = func
     return func
 
