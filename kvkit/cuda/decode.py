@@ -46,8 +46,9 @@ and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exa
 conversion; same bits; no effect where the conversion is the hardware's): all for A/B
 runs). On sm_90+ stage 2 is launched with programmatic stream serialization (its CTAs are
 scheduled while stage 1 drains and wait for it by griddepcontrol); ``KVKIT_DECODE_PDL=0``
-launches it the ordinary way (A/B runs). With one split and no sinks stage 1 writes o and
-lse itself (no stage 2). Splits follow
+launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1`` lets it be scheduled
+from the start of stage 1's CTAs / from their last tile (the default) (A/B runs). With one
+split and no sinks stage 1 writes o and lse itself (no stage 2). Splits follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
 split axis is that count. Global scales fold into the softmax
@@ -304,10 +305,11 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", tuple("12345678"))
+    pdl_trigger = _env_choice("KVKIT_DECODE_PDL_TRIGGER", ("0", "1"))
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks, fp8_nantile,
+        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, pdl_trigger,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -324,6 +326,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # __launch_bounds__' resident CTAs per SM, i.e. the register cap (tuning sweeps;
         # default in decode_core.cuh).
         defines["KVKIT_DECODE_MIN_BLOCKS"] = min_blocks
+    if pdl_trigger:
+        # Where stage 1 lets a programmatic stage 2 be scheduled: 0 CTA start, 1 last tile
+        # (the default; decode_core.cuh KVD_PDL_TRIGGER; A/B runs).
+        defines["KVD_PDL_TRIGGER"] = pdl_trigger
     if mask_all:
         # No fully-visible-tile fast path in the tensor-core softmax (bitwise A/B tests).
         defines["KVKIT_DECODE_MASK_ALL"] = "1"

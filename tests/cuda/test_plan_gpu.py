@@ -151,14 +151,17 @@ def test_stage2_is_programmatic_only_where_it_waits(monkeypatch):
     assert not isinstance(cuda_decode._merge_kernel("kv_decode_merge_splits"), ProgrammaticKernel)
 
 
+@pytest.mark.parametrize("trigger", [None, "0"])
 @pytest.mark.parametrize("name", ["nvfp4", "turboquant_k8v4", "fp16"])
-def test_back_to_back_graph_steps_equal_ordinary_launches(name, monkeypatch):
+def test_back_to_back_graph_steps_equal_ordinary_launches(name, trigger, monkeypatch):
     """A captured graph of many multi-split steps of two layers, back to back (each stage 2
     right behind its stage 1, each next stage 1 right behind a stage 2, as in a decode loop):
     the same bits as plain decodes with stage 2 launched the ordinary way. A stage 2 that read
     partial states before its stage 1 finished would differ here."""
     import cupy as cp
 
+    if trigger is not None:
+        monkeypatch.setenv("KVKIT_DECODE_PDL_TRIGGER", trigger)
     layers = [gpu_layer(name, n=380, nb=24), gpu_layer(name, n=380, nb=24)]
     hq = 8
     q = cp.asarray(llm_like_queries(2, hq, 128, seed=7, num_kv_heads=2).astype(np.float16))
