@@ -14,7 +14,14 @@
 // kv_merge_states: one warp per row; kv_decode_merge_splits: one CTA per row (its splits
 // spread over the warps). head_dim is a run-time argument (no format defines needed),
 // handled in chunks of KVM_COLS columns held in registers.
+#include "common/arch.cuh"
 #include "common/softmax_state.cuh"
+
+// 1 when kv_decode_merge_splits waits for stage 1 by griddepcontrol (sm_90+): the launcher
+// then launches it with the programmatic-serialization attribute (kvkit/cuda/decode.py), so
+// its CTAs are scheduled while stage 1 drains instead of after it. Never set the attribute
+// for a build without the wait: the merge would read partial states still being written.
+extern "C" __device__ const int kv_merge_grid_dep = KVKIT_GRID_DEP;
 
 // kv_merge_states: warps per block (one row each); a small block keeps the tail of the grid
 // short.
@@ -71,6 +78,7 @@ extern "C" __global__ __launch_bounds__(KVD_MTHREADS) void kv_decode_merge_split
     const float* l_row = l_part + row * split_stride;
     const float* acc_row = acc_part + row * split_stride * head_dim;
     const int d0 = (blockIdx.y * CG + cg) * KVD_MCOLS;
+    kv_grid_dep_wait();  // stage 1's partial states complete and visible
 
     float acc[KVD_MCOLS];
 #pragma unroll

@@ -13,6 +13,8 @@
 //                  target), 0 for the integer twins.
 //   KVKIT_BULK_COPY 1 when cp.async.bulk (the copy engine, completing on an mbarrier) and
 //                  mbarrier expect_tx exist: sm_90 and newer.
+//   KVKIT_GRID_DEP 1 when griddepcontrol (programmatic dependent launch) exists: sm_90 and
+//                  newer.
 //
 // -DKVKIT_FORCE_SOFTWARE_CONVERSIONS=1 turns every hardware conversion path off (both macros
 // 0), so the software twins can be run and compared on any GPU.
@@ -49,3 +51,25 @@
 #else
 #define KVKIT_BULK_COPY 0
 #endif
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVKIT_GRID_DEP 1
+#else
+#define KVKIT_GRID_DEP 0
+#endif
+
+// Programmatic dependent launch (sm_90+; no-ops elsewhere). A kernel launched with the
+// programmatic-serialization attribute may start before the kernel ahead of it in the stream
+// has finished: kv_grid_dep_wait() blocks until that kernel has completed and its memory is
+// visible (it returns at once for a kernel launched the ordinary way). kv_grid_dep_trigger()
+// lets such a dependent launch begin once every CTA of this grid has called it or exited.
+__device__ __forceinline__ void kv_grid_dep_wait() {
+#if KVKIT_GRID_DEP
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void kv_grid_dep_trigger() {
+#if KVKIT_GRID_DEP
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}

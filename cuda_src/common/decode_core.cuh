@@ -111,6 +111,14 @@
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif
 
+// Where stage 1 lets a programmatically launched stage 2 be scheduled (kv_grid_dep_trigger):
+// 0 at the start of every CTA, 1 at the start of its last tile (default; the launcher's
+// KVKIT_DECODE_PDL_TRIGGER, kvkit/cuda/decode.py, for A/B runs). CTAs without tiles trigger
+// by exiting.
+#ifndef KVD_PDL_TRIGGER
+#define KVD_PDL_TRIGGER 1
+#endif
+
 // Bulk copies (the copy engine, sm_90+) for fast launches of families that ask for them
 // (KV_BULK_COPIES): one copy per staged row (row planes) or per page run (slab planes). The
 // copy instruction takes uniform operands, so per-thread copies become an elected-lane loop
@@ -1645,6 +1653,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
     // The query first: its loads fly with the seq_len and block-table loads below.
     constexpr int QPT = (R * D + THREADS - 1) / THREADS;
+    // Stage 2 (launched with programmatic serialization where it waits by griddepcontrol)
+    // may be scheduled once every CTA has triggered: it waits for this grid's completion
+    // itself. KVD_PDL_TRIGGER 0: here, at the start (call 7: the merge's CTAs then hold free
+    // CTA slots through the whole of stage 1); 1: at the start of the CTA's last tile.
+    if constexpr (KVD_PDL_TRIGGER == 0) kv_grid_dep_trigger();
     KvQPrefetch<QPT> qx;
     qx.load(q, b, kvh, num_heads);
     int seq_len;
@@ -1702,6 +1715,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
+            if (KVD_PDL_TRIGGER == 1 && i == n_tiles - 1) kv_grid_dep_trigger();
             // Tile i's copies are complete (later tiles' groups may still fly); the barrier
             // also ends every read of iteration i - 1 (its stage, page slot, p_s, a_s).
             pipe.wait<STAGES - 2>(i);

@@ -546,6 +546,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     // (KvQPrefetch); 16 rows, the padding rows R..15 zero.
     constexpr int QPT = 16 * D / THREADS;
     static_assert(QPT * THREADS == 16 * D, "whole query rows per pass");
+    // Stage 2 (launched with programmatic serialization where it waits by griddepcontrol)
+    // may be scheduled once every CTA has triggered: it waits for this grid's completion
+    // itself. KVD_PDL_TRIGGER 0: here, at the start (call 7: the merge's CTAs then hold free
+    // CTA slots through the whole of stage 1); 1: at the start of the CTA's last tile.
+    if constexpr (KVD_PDL_TRIGGER == 0) kv_grid_dep_trigger();
     KvQPrefetch<QPT> qx;
     qx.load(q, b, kvh, num_heads);
     int seq_len;
@@ -685,6 +690,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
+            if (KVD_PDL_TRIGGER == 1 && i == n_tiles - 1) kv_grid_dep_trigger();
             pipe.wait<STAGES - 2>(i);
             pipe.tile_sync();  // the CTA barrier; the warp's own in warp pipes (KVD_WARP_PIPE)
             pipe.issue(i + STAGES - 1, KV_PLANE_PARAMS);

@@ -48,9 +48,12 @@ conversion; same bits; no effect where the conversion is the hardware's);
 head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile (the default) /
 warp-independent pipelines (each warp its own stage barriers and one block-table entry per
 tile in registers, a warp barrier per tile; the warps meet at the end of the split), same
-bits: all for A/B
-runs). With one split and no sinks stage 1 writes o and
-lse itself (no stage 2). Splits follow
+bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic stream serialization
+(its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
+``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
+lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
+(A/B runs). With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
+follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
 split axis is that count. Global scales fold into the softmax
@@ -76,6 +79,7 @@ import numpy as np
 from .._checks import check_int, check_positive_finite
 from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
+from .launch import ProgrammaticKernel
 from .launch import launch_and_record as _launch
 from .write import plane_args
 
@@ -310,10 +314,11 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", tuple("12345678"))
+    pdl_trigger = _env_choice("KVKIT_DECODE_PDL_TRIGGER", ("0", "1"))
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe,
+        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe, pdl_trigger,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -330,6 +335,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # __launch_bounds__' resident CTAs per SM, i.e. the register cap (tuning sweeps;
         # default in decode_core.cuh).
         defines["KVKIT_DECODE_MIN_BLOCKS"] = min_blocks
+    if pdl_trigger:
+        # Where stage 1 lets a programmatic stage 2 be scheduled: 0 CTA start, 1 last tile
+        # (the default; decode_core.cuh KVD_PDL_TRIGGER; A/B runs).
+        defines["KVD_PDL_TRIGGER"] = pdl_trigger
     if mask_all:
         # No fully-visible-tile fast path in the tensor-core softmax (bitwise A/B tests).
         defines["KVKIT_DECODE_MASK_ALL"] = "1"
@@ -376,12 +385,21 @@ _merge_cache: dict[tuple, object] = {}
 
 
 def _merge_kernel(name: str):
+    """A merge kernel; stage 2 (kv_decode_merge_splits) as a ProgrammaticKernel where its build
+    waits for stage 1 by griddepcontrol (sm_90+, the module's kv_merge_grid_dep) and
+    KVKIT_DECODE_PDL is not "0"."""
     import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), name)
+    pdl = _env_choice("KVKIT_DECODE_PDL", ("0", "1"))
+    key = (cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), name, pdl)
     func = _merge_cache.get(key)
     if func is None:
-        func = get_module(_MERGE_ENTRY, {}).get_function(name)
+        module = get_module(_MERGE_ENTRY, {})
+        func = module.get_function(name)
+        if name == "kv_decode_merge_splits" and pdl != "0":
+            flag = cupy.ndarray((1,), cupy.int32, memptr=module.get_global("kv_merge_grid_dep"))
+            if int(flag.get()[0]) == 1:
+                func = ProgrammaticKernel(func)
         _merge_cache[key] = func
     return func
 

@@ -45,6 +45,59 @@ def pack_argument(value):
     raise TypeError(f"cannot pack kernel argument of type {type(value).__name__}")
 
 
+# cuLaunchKernelEx's configuration (cuda.h, CUDA 12+): the attribute value is a 64-byte union
+# (8-byte aligned), the attribute id an enum padded to 8 bytes.
+_PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4),
+                ("value", ctypes.c_int64 * 8)]  # fmt: skip
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3), ("block", ctypes.c_uint * 3),
+        ("shared", ctypes.c_uint), ("stream", ctypes.c_void_p),
+        ("attrs", ctypes.POINTER(_LaunchAttribute)), ("num_attrs", ctypes.c_uint),
+    ]  # fmt: skip
+
+
+_libcuda = None
+
+
+def _cu_launch_kernel_ex():
+    global _libcuda
+    if _libcuda is None:
+        _libcuda = ctypes.CDLL("libcuda.so.1")
+        _libcuda.cuLaunchKernelEx.restype = ctypes.c_int
+        _libcuda.cuLaunchKernelEx.argtypes = [
+            ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p
+        ]  # fmt: skip
+    return _libcuda.cuLaunchKernelEx
+
+
+class ProgrammaticKernel:
+    """A CuPy RawKernel that is launched with programmatic stream serialization
+    (``cuLaunchKernelEx``): the driver may start its CTAs before the kernel ahead of it in the
+    stream has finished. Only for kernels that wait for their predecessor themselves
+    (``kv_grid_dep_wait`` in cuda_src/common/arch.cuh, sm_90+).
+
+    Called like the RawKernel, ``(grid, block, args, shared_mem=0)``, on the current stream.
+    """
+
+    programmatic = True
+
+    def __init__(self, raw):
+        self.raw = raw
+        self.kernel = raw.kernel  # the function handle PreparedLaunch takes
+
+    def __call__(self, grid, block, args, shared_mem: int = 0) -> None:
+        import cupy
+
+        PreparedLaunch(self, grid, block, args, shared_mem)(cupy.cuda.get_current_stream().ptr)
+
+
 class PreparedLaunch:
     """One kernel launch with its arguments packed.
 
@@ -59,6 +112,7 @@ class PreparedLaunch:
     def __init__(self, kernel, grid, block, args, shared_mem: int = 0):
         self._kernel = kernel  # keeps the module (and so the function handle) alive
         self._func = int(kernel.kernel.ptr)
+        self._programmatic = bool(getattr(kernel, "programmatic", False))
         self._grid = tuple(grid) + (1,) * (3 - len(grid))
         self._block = tuple(block) + (1,) * (3 - len(block))
         self._shared = int(shared_mem)
@@ -82,6 +136,20 @@ class PreparedLaunch:
     def __call__(self, stream_ptr: int) -> None:
         from cupy_backends.cuda.api import driver
 
+        if self._programmatic:
+            attr = _LaunchAttribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            attr.value[0] = 1  # programmaticStreamSerializationAllowed
+            config = _LaunchConfig(
+                (ctypes.c_uint * 3)(*self._grid), (ctypes.c_uint * 3)(*self._block),
+                self._shared, ctypes.c_void_p(int(stream_ptr)), ctypes.pointer(attr), 1,
+            )  # fmt: skip
+            status = _cu_launch_kernel_ex()(
+                ctypes.byref(config), ctypes.c_void_p(self._func),
+                ctypes.c_void_p(ctypes.addressof(self._params)), None,
+            )  # fmt: skip
+            if status != 0:
+                raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {status}")
+            return
         driver.launchKernel(
             self._func, *self._grid, *self._block, self._shared, int(stream_ptr),
             ctypes.addressof(self._params), 0,

@@ -129,3 +129,59 @@ def test_a_changed_layer_or_input_layout_takes_the_full_path(monkeypatch):
     o = plan.run(q, tables, lens)  # the recorded layout again: a replay
     cp.testing.assert_array_equal(o, kvkit.decode(q, layer, tables, lens, num_splits=3))
     assert len(calls) == 3
+
+
+def test_stage2_is_programmatic_only_where_it_waits(monkeypatch):
+    """Stage 2 gets the programmatic-serialization launch (it may start before stage 1 ends)
+    only from a build that waits for stage 1 by griddepcontrol: sm_90+ natively, never
+    through the sm_80 PTX override, never with KVKIT_DECODE_PDL=0."""
+    import cupy as cp
+
+    from kvkit.cuda import decode as cuda_decode
+    from kvkit.cuda.launch import ProgrammaticKernel
+
+    cc = int(cp.cuda.Device().compute_capability)
+    kern = cuda_decode._merge_kernel("kv_decode_merge_splits")
+    assert isinstance(kern, ProgrammaticKernel) == (cc >= 90)
+    assert not isinstance(cuda_decode._merge_kernel("kv_merge_states"), ProgrammaticKernel)
+    monkeypatch.setenv("KVKIT_DECODE_PDL", "0")
+    assert not isinstance(cuda_decode._merge_kernel("kv_decode_merge_splits"), ProgrammaticKernel)
+    monkeypatch.delenv("KVKIT_DECODE_PDL")
+    monkeypatch.setenv("KVKIT_ARCH", "sm_80")
+    assert not isinstance(cuda_decode._merge_kernel("kv_decode_merge_splits"), ProgrammaticKernel)
+
+
+@pytest.mark.parametrize("trigger", [None, "0"])
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_k8v4", "fp16"])
+def test_back_to_back_graph_steps_equal_ordinary_launches(name, trigger, monkeypatch):
+    """A captured graph of many multi-split steps of two layers, back to back (each stage 2
+    right behind its stage 1, each next stage 1 right behind a stage 2, as in a decode loop):
+    the same bits as plain decodes with stage 2 launched the ordinary way. A stage 2 that read
+    partial states before its stage 1 finished would differ here."""
+    import cupy as cp
+
+    if trigger is not None:
+        monkeypatch.setenv("KVKIT_DECODE_PDL_TRIGGER", trigger)
+    layers = [gpu_layer(name, n=380, nb=24), gpu_layer(name, n=380, nb=24)]
+    hq = 8
+    q = cp.asarray(llm_like_queries(2, hq, 128, seed=7, num_kv_heads=2).astype(np.float16))
+    tables = cp.asarray(np.array([np.arange(12), np.arange(12, 24)], np.int32))
+    lens = cp.asarray(np.array([190, 183], np.int32))
+    plans = [kvkit.DecodePlan(layer, 2, hq, 12, num_splits=12) for layer in layers]
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for plan in plans:
+            plan.run(q, tables, lens)
+        stream.synchronize()
+        stream.begin_capture()
+        for _ in range(6):
+            for plan in plans:
+                plan.run(q, tables, lens)
+        graph = stream.end_capture()
+        for _ in range(3):
+            graph.launch(stream)
+        stream.synchronize()
+    monkeypatch.setenv("KVKIT_DECODE_PDL", "0")
+    for plan, layer in zip(plans, layers):
+        ref = kvkit.decode(q, layer, tables, lens, num_splits=12)
+        cp.testing.assert_array_equal(plan.o[:, 0], ref)
