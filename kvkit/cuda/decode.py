@@ -45,10 +45,10 @@ the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: f
 and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
 conversion; same bits; no effect where the conversion is the hardware's);
 ``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of NVFP4's warp-slab launches (sm_90+,
-head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile (the default) /
-warp-independent pipelines (each warp its own stage barriers and one block-table entry per
-tile in registers, a warp barrier per tile; the warps meet at the end of the split), same
-bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic stream serialization
+head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile /
+warp-independent pipelines (the default: each warp its own stage barriers and one block-table
+entry per tile in registers, a warp barrier per tile; the warps meet at the end of the split),
+same bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic stream serialization
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
@@ -369,8 +369,8 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).
         defines["KVKIT_DECODE_NVFP4_REV"] = nvfp4_rev
     if warp_pipe and fmt.family == "nvfp4":
-        # Warp-independent tile pipelines in the warp-slab launches (1) or the CTA-wide tile
-        # barrier (0, the default) (decode_core.cuh KVD_WARP_PIPE; A/B runs). NVFP4 is the
+        # Warp-independent tile pipelines in the warp-slab launches (1, the default) or the
+        # CTA-wide tile barrier (0) (decode_core.cuh KVD_WARP_PIPE; A/B runs). NVFP4 is the
         # only family with warp slabs.
         defines["KVKIT_DECODE_WARP_PIPE"] = warp_pipe
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):

@@ -188,8 +188,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # default, fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
     # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs); "-nantile0": the software-FP8 path's exact
     # E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free
-    # tiles without the NaN patch); "nvfp4-wpipe": NVFP4's warp-slab launches with
-    # warp-independent tile pipelines (KVKIT_DECODE_WARP_PIPE=1; default 0).
+    # tiles without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA
+    # barrier per tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -197,11 +197,11 @@ def test_tensor_core_decode_does_not_spill(arch):
         "runs": ("KVD_ROW_RUNS_ON", "1"),
         "tqv0": ("KVKIT_DECODE_TQ_VARIANT", "0"),
         "nantile0": ("KVKIT_DECODE_FP8_NANTILE", "0"),
-        "wpipe": ("KVKIT_DECODE_WARP_PIPE", "1"),
+        "wpipe0": ("KVKIT_DECODE_WARP_PIPE", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
-                 "nvfp4-rev0", "nvfp4-wpipe", *TQ, "turboquant_4bit_nc-tqv0",
+                 "nvfp4-rev0", "nvfp4-wpipe0", *TQ, "turboquant_4bit_nc-tqv0",
                  "turboquant_k8v4-tqv0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)

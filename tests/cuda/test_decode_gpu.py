@@ -557,8 +557,8 @@ def test_nvfp4_warp_pipes_match_the_cta_barrier_build(cp, name, group, q_len, bl
                                                        window, monkeypatch):  # fmt: skip
     """KVKIT_DECODE_WARP_PIPE=1 (decode_core.cuh KVD_WARP_PIPE): in the warp-slab launches
     (sm_90+, D = 128, G * q_len <= 8) each warp waits on its own stage barriers, keeps its own
-    page-ring lanes and meets the others only at the end of the split, instead of a CTA
-    barrier per tile (0, the default). Only the synchronization differs, so the results are
+    page-ring lanes and meets the others only at the end of the split (the default), instead
+    of a CTA barrier per tile (0). Only the synchronization differs, so the results are
     the same bits: ragged lengths (37 and 3 leave warps of the last tile without a page; with
     3 splits of 37 tokens in 16-token pages each split is one partial tile), pages below, at and
     above the 64-token tile, a window with causal q_len 2. On GPUs without bulk copies both
@@ -566,7 +566,7 @@ def test_nvfp4_warp_pipes_match_the_cta_barrier_build(cp, name, group, q_len, bl
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 3, 130], window=window,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", None)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", "0")
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
@@ -584,7 +584,7 @@ def test_nvfp4_warp_pipes_refill_their_page_windows(cp, name, group, block_size,
     case = Case(name, head_dim=128, hkv=1, group=group, q_len=1, block_size=block_size,
                 seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
                 seed=block_size + group)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", None)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_WARP_PIPE", "1", "0")
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
@@ -606,11 +606,8 @@ def test_nvfp4_warp_pipes_flag_bad_pages_as_before(cp, name, block_size, monkeyp
     bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
     for num_splits in (1, 3, MAX_SPLITS):
         outs = []
-        for value in ("1", None):
-            if value is None:
-                monkeypatch.delenv("KVKIT_DECODE_WARP_PIPE", raising=False)
-            else:
-                monkeypatch.setenv("KVKIT_DECODE_WARP_PIPE", value)
+        for value in ("1", "0"):
+            monkeypatch.setenv("KVKIT_DECODE_WARP_PIPE", value)
             case.gpu.error_flag.fill(0)
             o, lse = case.run(num_splits, block_tables=bt)
             outs.append((o, lse, case.flag()))
