@@ -28,6 +28,15 @@
 // 70-byte slots make short runs.
 #if KV_HEAD_DIM >= 128
 #define KV_BULK_COPIES 1
+// Per-warp slabs (KVKIT_DECODE_TQ_SLABS, kvkit/cuda/decode.py): in the tensor-core launches
+// each warp copies its own 16 tokens' slots (16 x TQ_SLOT_BYTES contiguous, 16-byte aligned
+// in token-contiguous pages of >= 16 tokens) into the same unpadded staging, one copy per
+// warp and tile, and (KVD_WARP_PIPE) waits on its own barriers; the CUDA-core launches keep
+// the page-run copies (KV_BULK_SIMT_RUNS).
+#if defined(KVKIT_DECODE_TQ_SLABS) && KVKIT_DECODE_TQ_SLABS
+#define KV_BULK_WARP_SLABS 1
+#define KV_BULK_SIMT_RUNS 1
+#endif
 #endif
 
 #include "common/decode_codes.cuh"

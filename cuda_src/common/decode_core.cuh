@@ -137,8 +137,14 @@
 #ifndef KV_BULK_WARP_SLABS
 #define KV_BULK_WARP_SLABS 0
 #endif
-#define KVD_BULK (KVKIT_BULK_COPY && KV_BULK_COPIES && (!KV_BULK_WARP_SLABS || KVD_USE_MMA))
-#define KVD_BULK_WARP_SLABS (KVD_BULK && KV_BULK_WARP_SLABS)
+// KV_BULK_SIMT_RUNS (with KV_BULK_WARP_SLABS): the family's CUDA-core launches keep bulk
+// copies per page run instead of falling back to cp.async.
+#ifndef KV_BULK_SIMT_RUNS
+#define KV_BULK_SIMT_RUNS 0
+#endif
+#define KVD_BULK \
+    (KVKIT_BULK_COPY && KV_BULK_COPIES && (!KV_BULK_WARP_SLABS || KVD_USE_MMA || KV_BULK_SIMT_RUNS))
+#define KVD_BULK_WARP_SLABS (KVD_BULK && KV_BULK_WARP_SLABS && KVD_USE_MMA)
 // Warp-independent tile pipelines for warp-slab launches (KVKIT_DECODE_WARP_PIPE=1, env
 // KVKIT_DECODE_WARP_PIPE, kvkit/cuda/decode.py; A/B builds). A slab warp copies, waits on and
 // reads only its own 16 tokens of every tile (its slab of each plane), so the only data the

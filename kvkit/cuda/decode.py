@@ -308,6 +308,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
     tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
     tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
+    tq_slabs = _env_choice("KVKIT_DECODE_TQ_SLABS", ("0", "1"))
     fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
     warp_pipe = _env_choice("KVKIT_DECODE_WARP_PIPE", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
@@ -318,7 +319,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe, pdl_trigger,
+        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe, pdl_trigger, tq_slabs,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -356,6 +357,10 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # TurboQuant's tensor-core stage 1: packed mma columns for G * q_len <= 4 (1, the
         # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
         defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
+    if tq_slabs and fmt.family == "turboquant":
+        # TurboQuant's tensor-core launches from head_dim 128 copy per warp slab (1) or per
+        # page run (0) (decode_turboquant.cu KV_BULK_WARP_SLABS; A/B runs).
+        defines["KVKIT_DECODE_TQ_SLABS"] = tq_slabs
     if tq3 and fmt.family == "turboquant":
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
         # the build before them (0); default per shape in decode_turboquant.cu (A/B runs).

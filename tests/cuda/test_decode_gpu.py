@@ -617,6 +617,74 @@ def test_nvfp4_warp_pipes_flag_bad_pages_as_before(cp, name, block_size, monkeyp
         np.testing.assert_array_equal(lse1, lse0)
 
 
+TQ_NAMES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
+
+
+@pytest.mark.parametrize("name", TQ_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [
+    (128, 1, 1), (128, 4, 1), (128, 8, 2), (128, 16, 1), (256, 4, 1), (256, 2, 4), (64, 4, 1),
+])  # fmt: skip
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_turboquant_warp_slabs_match_the_page_run_build(
+    cp, name, head_dim, group, q_len, block_size, window, monkeypatch
+):
+    """KVKIT_DECODE_TQ_SLABS=1 (decode_turboquant.cu KV_BULK_WARP_SLABS): the tensor-core
+    launches from head_dim 128 copy each warp's 16 slots as one slab and run warp pipes
+    (decode_core.cuh KVD_WARP_PIPE), against page-run copies and the CTA barrier (0). Same
+    staged bytes and arithmetic, so the same bits: one and two row tiles, head_dim 256, ragged
+    lengths (37 and 3 leave warps of the last tile without a page), pages below and above the
+    64-token tile, a window with causal q_len > 1. head_dim 64 (no bulk copies) and GPUs
+    without the copy engine build the same code either way."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 3, 130], window=window,
+                seed=block_size + 3 * group + q_len + head_dim)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_SLABS", "1", "0")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k8v4"])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_turboquant_warp_slabs_refill_their_page_windows(cp, name, block_size, window,
+                                                          monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_TQ_SLABS=1 over splits of more than 32 tiles (the warp pipes' register
+    window of pages refills; a window start moves the first tile off token 0): the same bits
+    as the page-run build, no flag."""
+    case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + 11)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_SLABS", "1", "0")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k8v4"])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_turboquant_warp_slabs_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries under KVKIT_DECODE_TQ_SLABS=1 (pages past the cache, -1, a
+    huge entry, bad pages in a later window of the warp pipes): the flag (bit 2) and the
+    outputs (bad pages masked, no copy) equal the page-run build's, bit for bit, at every
+    split count."""
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
+                seed=block_size + 5)  # fmt: skip
+    bt = case.block_tables.copy()
+    bt[0, 1] = case.gpu.num_blocks  # one past the cache
+    bt[0, 5] = -1
+    bt[1, 0] = 2**31 - 1
+    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
+    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
+    for num_splits in (1, 3, MAX_SPLITS):
+        outs = []
+        for value in ("1", "0"):
+            monkeypatch.setenv("KVKIT_DECODE_TQ_SLABS", value)
+            case.gpu.error_flag.fill(0)
+            o, lse = case.run(num_splits, block_tables=bt)
+            outs.append((o, lse, case.flag()))
+        (o1, lse1, f1), (o0, lse0, f0) = outs
+        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(lse1, lse0)
+
+
 @pytest.mark.parametrize("name, head_dim, group, q_len, q_dtype, window, softcap", [
     ("turboquant_4bit_nc", 128, 4, 1, "float16", None, None),
     ("turboquant_4bit_nc", 128, 4, 1, "float32", 90, None),
