@@ -624,7 +624,7 @@ TQ_NAMES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turb
 @pytest.mark.parametrize("head_dim, group, q_len", [
     (128, 1, 1), (128, 4, 1), (128, 8, 2), (128, 16, 1), (256, 4, 1), (256, 2, 4), (64, 4, 1),
 ])  # fmt: skip
-@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("block_size", [8, 16, 128])
 @pytest.mark.parametrize("window", [None, 70])
 def test_turboquant_warp_slabs_match_the_page_run_build(
     cp, name, head_dim, group, q_len, block_size, window, monkeypatch
@@ -634,7 +634,8 @@ def test_turboquant_warp_slabs_match_the_page_run_build(
     (decode_core.cuh KVD_WARP_PIPE), against page-run copies and the CTA barrier (0). Same
     staged bytes and arithmetic, so the same bits: one and two row tiles, head_dim 256, ragged
     lengths (37 and 3 leave warps of the last tile without a page), pages below and above the
-    64-token tile, a window with causal q_len > 1. head_dim 64 (no bulk copies) and GPUs
+    64-token tile (8-token pages: no slabs, the page-run copies inside a warp-pipe build), a
+    window with causal q_len > 1. head_dim 64 (no bulk copies) and GPUs
     without the copy engine build the same code either way."""
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 3, 130], window=window,
