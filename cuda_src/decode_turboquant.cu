@@ -28,12 +28,22 @@
 // 70-byte slots make short runs.
 #if KV_HEAD_DIM >= 128
 #define KV_BULK_COPIES 1
-// Per-warp slabs (KVKIT_DECODE_TQ_SLABS, kvkit/cuda/decode.py): in the tensor-core launches
-// each warp copies its own 16 tokens' slots (16 x TQ_SLOT_BYTES contiguous, 16-byte aligned
-// in token-contiguous pages of >= 16 tokens) into the same unpadded staging, one copy per
-// warp and tile, and (KVD_WARP_PIPE) waits on its own barriers; the CUDA-core launches keep
-// the page-run copies (KV_BULK_SIMT_RUNS).
-#if defined(KVKIT_DECODE_TQ_SLABS) && KVKIT_DECODE_TQ_SLABS
+// Per-warp slabs (KVKIT_DECODE_TQ_SLABS=0 / 1, kvkit/cuda/decode.py): in the tensor-core
+// launches each warp copies its own 16 tokens' slots (16 x TQ_SLOT_BYTES contiguous, 16-byte
+// aligned in token-contiguous pages of >= 16 tokens) into the same unpadded staging, one copy
+// per warp and tile, and (KVD_WARP_PIPE) waits on its own barriers; the CUDA-core launches
+// keep the page-run copies (KV_BULK_SIMT_RUNS). Default: the codebook-key presets only.
+// Measured on the H200 (session 13, call 4; graph ms, page runs -> slabs, two runs each):
+// (64, 8192) 4bit_nc 0.3004 / 0.3076 -> 0.2926 / 0.2936, 3bit_nc 0.2958 / 0.2976 -> 0.2823 /
+// 0.2823; (32, 4096) Hq = 128 3bit_nc 0.1584 -> 0.1371, 4bit_nc 0.1532 -> 0.1433; but k8v4
+// 4-7% slower at every shape but Hq = 128 ((64, 8192) 0.2334 -> 0.2459, (1, 32768) 0.0226 ->
+// 0.0241).
+#if defined(KVKIT_DECODE_TQ_SLABS)
+#define KV_TQ_SLABS KVKIT_DECODE_TQ_SLABS
+#else
+#define KV_TQ_SLABS (!TQ_KEY_FP8)
+#endif
+#if KV_TQ_SLABS
 #define KV_BULK_WARP_SLABS 1
 #define KV_BULK_SIMT_RUNS 1
 #endif

@@ -52,7 +52,10 @@ same bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic st
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
-(A/B runs). With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
+(A/B runs). ``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim
+128 on sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the
+default for the codebook-key presets; k8v4 measured slower with them), same bits (A/B runs).
+With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
 seq_lens on the device), so a planned step's grid and buffers are fixed; the partial buffers'
@@ -358,8 +361,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
         defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
     if tq_slabs and fmt.family == "turboquant":
-        # TurboQuant's tensor-core launches from head_dim 128 copy per warp slab (1) or per
-        # page run (0) (decode_turboquant.cu KV_BULK_WARP_SLABS; A/B runs).
+        # TurboQuant's tensor-core launches from head_dim 128 copy per warp slab (1; the
+        # default for codebook keys) or per page run (0; k8v4's default)
+        # (decode_turboquant.cu KV_TQ_SLABS; A/B runs).
         defines["KVKIT_DECODE_TQ_SLABS"] = tq_slabs
     if tq3 and fmt.family == "turboquant":
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or

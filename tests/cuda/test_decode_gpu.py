@@ -624,22 +624,30 @@ TQ_NAMES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turb
 @pytest.mark.parametrize("head_dim, group, q_len", [
     (128, 1, 1), (128, 4, 1), (128, 8, 2), (128, 16, 1), (256, 4, 1), (256, 2, 4), (64, 4, 1),
 ])  # fmt: skip
-@pytest.mark.parametrize("block_size", [8, 16, 128])
+@pytest.mark.parametrize("pages", ["hnd16", "hnd128", "nhd32"])
 @pytest.mark.parametrize("window", [None, 70])
 def test_turboquant_warp_slabs_match_the_page_run_build(
-    cp, name, head_dim, group, q_len, block_size, window, monkeypatch
+    cp, name, head_dim, group, q_len, pages, window, monkeypatch
 ):
     """KVKIT_DECODE_TQ_SLABS=1 (decode_turboquant.cu KV_BULK_WARP_SLABS): the tensor-core
     launches from head_dim 128 copy each warp's 16 slots as one slab and run warp pipes
     (decode_core.cuh KVD_WARP_PIPE), against page-run copies and the CTA barrier (0). Same
     staged bytes and arithmetic, so the same bits: one and two row tiles, head_dim 256, ragged
-    lengths (37 and 3 leave warps of the last tile without a page), pages below and above the
-    64-token tile (8-token pages: no slabs, the page-run copies inside a warp-pipe build), a
-    window with causal q_len > 1. head_dim 64 (no bulk copies) and GPUs
-    without the copy engine build the same code either way."""
+    lengths (37 and 4 leave warps of the last tile without a page), pages below and above the
+    64-token tile, token-major (NHD) pages (not slabs: the page-run copies and the CTA barrier
+    inside a warp-pipe build), a window with causal q_len > 1. head_dim 64 (no bulk copies)
+    and GPUs without the copy engine build the same code either way."""
+    block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=[5 * block_size + 9, 300, 37, 3, 130], window=window,
+                seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=window,
                 seed=block_size + 3 * group + q_len + head_dim)  # fmt: skip
+    if pages.startswith("nhd"):
+        for pname, plane in list(case.gpu.planes.items()):
+            # Token-major storage (num_blocks, block_size, H, width) seen as HND.
+            nb, h, bs, w = plane.shape
+            store = cp.empty((nb, bs, h, w), dtype=plane.dtype)
+            store[...] = plane.transpose(0, 2, 1, 3)
+            case.gpu.planes[pname] = store.transpose(0, 2, 1, 3)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_SLABS", "1", "0")
 
 
