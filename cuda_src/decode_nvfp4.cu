@@ -77,9 +77,15 @@
 #define KV_NVFP4_BULK 1
 #endif
 // One row tile only (G * q_len <= 8): at G = 16 (two row tiles, 255 registers) the walk rose
-// 735 -> 743 (the start fell by 6, the score and PV phases grew by 14).
+// 735 -> 743 (the start fell by 6, the score and PV phases grew by 14), before warp pipes.
+// KVKIT_DECODE_NVFP4_SLAB_ROWS=16 (kvkit/cuda/decode.py; A/B runs) takes two row tiles too.
+#if defined(KVKIT_DECODE_NVFP4_SLAB_ROWS)
+#define KV_NVFP4_SLAB_ROWS KVKIT_DECODE_NVFP4_SLAB_ROWS
+#else
+#define KV_NVFP4_SLAB_ROWS 8
+#endif
 #if KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 128 && defined(KV_GROUP) && \
-    defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= 8
+    defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= KV_NVFP4_SLAB_ROWS
 static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
               "the bank arithmetic above is for 64-byte code rows");
 #define KV_BULK_COPIES 1

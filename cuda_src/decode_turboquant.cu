@@ -47,6 +47,11 @@
 #define KV_BULK_WARP_SLABS 1
 #define KV_BULK_SIMT_RUNS 1
 #endif
+#elif defined(KVKIT_DECODE_TQ_SLABS64) && KVKIT_DECODE_TQ_SLABS64
+// Below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=1; A/B runs): warp slabs in the tensor-core
+// launches only (16 x 70 bytes at D = 64); the CUDA-core launches keep the cp.async pieces.
+#define KV_BULK_COPIES 1
+#define KV_BULK_WARP_SLABS 1
 #endif
 
 #include "common/decode_codes.cuh"

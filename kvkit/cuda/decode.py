@@ -312,6 +312,8 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
     tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
     tq_slabs = _env_choice("KVKIT_DECODE_TQ_SLABS", ("0", "1"))
+    tq_slabs64 = _env_choice("KVKIT_DECODE_TQ_SLABS64", ("0", "1"))
+    nvfp4_slab_rows = _env_choice("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"))
     fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
     warp_pipe = _env_choice("KVKIT_DECODE_WARP_PIPE", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
@@ -323,6 +325,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
         row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe, pdl_trigger, tq_slabs,
+        tq_slabs64, nvfp4_slab_rows,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -365,6 +368,12 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # default for codebook keys) or per page run (0; k8v4's default)
         # (decode_turboquant.cu KV_TQ_SLABS; A/B runs).
         defines["KVKIT_DECODE_TQ_SLABS"] = tq_slabs
+    if tq_slabs64 and fmt.family == "turboquant":
+        # Warp slabs below head_dim 128 too (decode_turboquant.cu; A/B runs).
+        defines["KVKIT_DECODE_TQ_SLABS64"] = tq_slabs64
+    if nvfp4_slab_rows and fmt.family == "nvfp4":
+        # NVFP4's warp slabs up to 8 (the default) or 16 query rows (decode_nvfp4.cu; A/B).
+        defines["KVKIT_DECODE_NVFP4_SLAB_ROWS"] = nvfp4_slab_rows
     if tq3 and fmt.family == "turboquant":
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
         # the build before them (0); default per shape in decode_turboquant.cu (A/B runs).
