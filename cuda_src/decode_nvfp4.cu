@@ -76,13 +76,15 @@
 #else
 #define KV_NVFP4_BULK 1
 #endif
-// One row tile only (G * q_len <= 8): at G = 16 (two row tiles, 255 registers) the walk rose
-// 735 -> 743 (the start fell by 6, the score and PV phases grew by 14), before warp pipes.
-// KVKIT_DECODE_NVFP4_SLAB_ROWS=16 (kvkit/cuda/decode.py; A/B runs) takes two row tiles too.
+// Up to 16 query rows (two row tiles). Before warp pipes, one row tile only: at G = 16 the
+// walk rose 735 -> 743 (the start fell by 6, the score and PV phases grew by 14). With warp
+// pipes (session 13, call 6; graph ms, cp.async -> slabs, two runs each) Hq = 128: (32, 4096)
+// 0.1139 / 0.1136 -> 0.1013 / 0.1012, (8, 8192) 0.0641 / 0.0635 -> 0.0574 / 0.0573.
+// KVKIT_DECODE_NVFP4_SLAB_ROWS=8 (kvkit/cuda/decode.py; A/B runs) keeps one row tile.
 #if defined(KVKIT_DECODE_NVFP4_SLAB_ROWS)
 #define KV_NVFP4_SLAB_ROWS KVKIT_DECODE_NVFP4_SLAB_ROWS
 #else
-#define KV_NVFP4_SLAB_ROWS 8
+#define KV_NVFP4_SLAB_ROWS 16
 #endif
 #if KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 128 && defined(KV_GROUP) && \
     defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= KV_NVFP4_SLAB_ROWS

@@ -47,9 +47,13 @@
 #define KV_BULK_WARP_SLABS 1
 #define KV_BULK_SIMT_RUNS 1
 #endif
-#elif defined(KVKIT_DECODE_TQ_SLABS64) && KVKIT_DECODE_TQ_SLABS64
-// Below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=1; A/B runs): warp slabs in the tensor-core
-// launches only (16 x 70 bytes at D = 64); the CUDA-core launches keep the cp.async pieces.
+#elif !defined(KVKIT_DECODE_TQ_SLABS64) || KVKIT_DECODE_TQ_SLABS64
+// Below head_dim 128: warp slabs in the tensor-core launches only (16 x 70 bytes at D = 64;
+// every preset); the CUDA-core launches keep the cp.async pieces. Page runs measured slower
+// than cp.async here (above), warp slabs faster (session 13, call 6; graph ms, two runs each):
+// (32, 4096) D = 64 k8v4 0.0508 / 0.0511 -> 0.0466 / 0.0464, 4bit_nc 0.0637 / 0.0644 ->
+// 0.0611 / 0.0612; (64, 8192) D = 64 k8v4 0.1797 / 0.1808 -> 0.1563 / 0.1559, 3bit_nc 0.2221 /
+// 0.2207 -> 0.2101 / 0.2099. KVKIT_DECODE_TQ_SLABS64=0 (A/B runs) keeps cp.async.
 #define KV_BULK_COPIES 1
 #define KV_BULK_WARP_SLABS 1
 #endif

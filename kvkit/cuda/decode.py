@@ -54,7 +54,10 @@ same bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic st
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
 (A/B runs). ``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim
 128 on sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the
-default for the codebook-key presets; k8v4 measured slower with them), same bits (A/B runs).
+default for the codebook-key presets; k8v4 measured slower with them), and
+``KVKIT_DECODE_TQ_SLABS64=0`` / ``1`` below head_dim 128 cp.async / warp slabs (the default,
+every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp slabs to one
+row tile / allows two (the default); same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -369,10 +372,11 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # (decode_turboquant.cu KV_TQ_SLABS; A/B runs).
         defines["KVKIT_DECODE_TQ_SLABS"] = tq_slabs
     if tq_slabs64 and fmt.family == "turboquant":
-        # Warp slabs below head_dim 128 too (decode_turboquant.cu; A/B runs).
+        # Warp slabs below head_dim 128 (1, the default) or cp.async (0)
+        # (decode_turboquant.cu; A/B runs).
         defines["KVKIT_DECODE_TQ_SLABS64"] = tq_slabs64
     if nvfp4_slab_rows and fmt.family == "nvfp4":
-        # NVFP4's warp slabs up to 8 (the default) or 16 query rows (decode_nvfp4.cu; A/B).
+        # NVFP4's warp slabs up to 8 or 16 (the default) query rows (decode_nvfp4.cu; A/B).
         defines["KVKIT_DECODE_NVFP4_SLAB_ROWS"] = nvfp4_slab_rows
     if tq3 and fmt.family == "turboquant":
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or

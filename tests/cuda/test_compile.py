@@ -191,7 +191,10 @@ def test_tensor_core_decode_does_not_spill(arch):
     # tiles without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA
     # barrier per tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines);
     # "-tqslab0" / "-tqslab1": TurboQuant's page-run / warp-slab copies on sm_90+
-    # (KVKIT_DECODE_TQ_SLABS; the default takes slabs for codebook keys, page runs for k8v4).
+    # (KVKIT_DECODE_TQ_SLABS; the default takes slabs for codebook keys, page runs for k8v4);
+    # "-tq64cpasync": TurboQuant's cp.async copies below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=0;
+    # the default takes warp slabs there); "nvfp4-rows8": NVFP4's warp slabs for one row tile
+    # only (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -202,12 +205,15 @@ def test_tensor_core_decode_does_not_spill(arch):
         "wpipe0": ("KVKIT_DECODE_WARP_PIPE", "0"),
         "tqslab0": ("KVKIT_DECODE_TQ_SLABS", "0"),
         "tqslab1": ("KVKIT_DECODE_TQ_SLABS", "1"),
+        "tq64cpasync": ("KVKIT_DECODE_TQ_SLABS64", "0"),
+        "rows8": ("KVKIT_DECODE_NVFP4_SLAB_ROWS", "8"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
                  "nvfp4-rev0", "nvfp4-wpipe0", *TQ, "turboquant_4bit_nc-tqv0",
                  "turboquant_k8v4-tqv0", "turboquant_4bit_nc-tqslab0",
-                 "turboquant_k8v4-tqslab1"):  # fmt: skip
+                 "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
+                 "nvfp4-rows8"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),

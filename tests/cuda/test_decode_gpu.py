@@ -655,8 +655,8 @@ def test_turboquant_warp_slabs_match_the_page_run_build(
 @pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 2), (16, 1)])
 @pytest.mark.parametrize("pages", ["hnd16", "hnd128", "nhd32"])
 def test_turboquant_warp_slabs_at_head_dim_64(cp, name, group, q_len, pages, monkeypatch):
-    """KVKIT_DECODE_TQ_SLABS64=1: warp slabs (16 x 70-byte slots at D = 64) in the
-    tensor-core launches below head_dim 128, against the cp.async build: same bits, one and
+    """KVKIT_DECODE_TQ_SLABS64=1 (the default): warp slabs (16 x 70-byte slots at D = 64) in
+    the tensor-core launches below head_dim 128, against the cp.async build (0): same bits, one and
     two row tiles, pages below and above the tile, token-major pages (no slabs: page runs)."""
     block_size = int(pages[3:])
     case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=block_size,
@@ -677,8 +677,8 @@ def test_turboquant_warp_slabs_at_head_dim_64(cp, name, group, q_len, pages, mon
 @pytest.mark.parametrize("window", [None, 70])
 def test_nvfp4_warp_slabs_with_two_row_tiles(cp, name, group, q_len, block_size, window,
                                              monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_NVFP4_SLAB_ROWS=16: NVFP4's warp slabs and warp pipes at 9-16 query rows
-    (two row tiles), against the cp.async build (8, the default): same bits."""
+    """KVKIT_DECODE_NVFP4_SLAB_ROWS=16 (the default): NVFP4's warp slabs and warp pipes at 9-16
+    query rows (two row tiles), against the cp.async build (8): same bits."""
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=window,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
