@@ -7,6 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
+from kvkit.cuda import launch as launch_mod
 from kvkit.cuda.launch import PreparedLaunch, pack_argument
 
 
@@ -80,3 +81,46 @@ def test_a_recorded_step_rewrites_its_per_call_arrays_wherever_they_sit():
     assert _read(first, 4, ctypes.c_uint64) == 0xA000 == _read(second, 1, ctypes.c_uint64)
     assert _read(first, 1, ctypes.c_uint64) == 0x3000  # the plane is the recorded one
     assert _read(first, 3, ctypes.c_uint64) == 0x4000 == _read(second, 0, ctypes.c_uint64)
+
+
+class _FakeProgrammatic(_FakeKernel):
+    programmatic = True
+
+
+def test_programmatic_launch_passes_its_configuration_to_cu_launch_kernel_ex(monkeypatch):
+    """A programmatic launch (stage 2 on sm_90+) hands cuLaunchKernelEx the layout of cuda.h's
+    CUlaunchConfig: grid, block, shared bytes, the call's stream and one attribute
+    (CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6, value 1), with the function
+    and the parameter array; the configuration is built once and each call sets its stream."""
+    seen = []
+
+    def fake_launch(config_ref, func, params, extra):
+        config = ctypes.cast(config_ref, ctypes.POINTER(launch_mod._LaunchConfig)).contents
+        attr = config.attrs.contents
+        seen.append((tuple(config.grid), tuple(config.block), config.shared, config.stream,
+                     config.num_attrs, attr.id, attr.value[0], func.value, params.value,
+                     extra))  # fmt: skip
+        return 0
+
+    monkeypatch.setattr(launch_mod, "_cu_launch_kernel_ex", lambda: fake_launch)
+    launch = PreparedLaunch(_FakeProgrammatic(), (7, 3), (256, 2), [_FakeArray(0x40), np.int32(5)],
+                            4096)  # fmt: skip
+    params = ctypes.addressof(launch._params)
+    launch(0x1234)
+    launch(0x5678)
+    assert seen == [((7, 3, 1), (256, 2, 1), 4096, s, 1, 6, 1, 0xABC, params, None)
+                    for s in (0x1234, 0x5678)]  # fmt: skip
+    # cuda.h: CUlaunchConfig is 3 + 3 uints, the shared bytes, the stream, the attribute
+    # pointer and their count (56 bytes on 64-bit hosts); CUlaunchAttribute an 8-byte id
+    # slot and a 64-byte value union.
+    assert ctypes.sizeof(launch_mod._LaunchConfig) == 56
+    assert launch_mod._LaunchConfig.stream.offset == 32
+    assert launch_mod._LaunchConfig.attrs.offset == 40
+    assert ctypes.sizeof(launch_mod._LaunchAttribute) == 72
+
+
+def test_a_failed_programmatic_launch_raises(monkeypatch):
+    monkeypatch.setattr(launch_mod, "_cu_launch_kernel_ex", lambda: lambda *args: 1)
+    launch = PreparedLaunch(_FakeProgrammatic(), (1,), (32,), [np.int32(1)])
+    with pytest.raises(RuntimeError, match="CUresult 1"):
+        launch(0)
