@@ -458,6 +458,44 @@ def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all
         assert lse_error(lse_new, ref_lse) <= DECODE_GPU_RTOL
 
 
+def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
+    """Four sequences (G = 4, D = 128) whose block tables hold bad entries (one past the
+    cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the first tile of the warp
+    pipes' second page window and a bad page for warp 3 of tile 40) under ``var=1`` and
+    ``var=0``: at 1, 3 and MAX_SPLITS splits the same flag (bit 2 set) and the same outputs,
+    bit for bit."""
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
+                seed=seed)  # fmt: skip
+    bt = case.block_tables.copy()
+    bt[0, 1] = case.gpu.num_blocks  # one past the cache
+    bt[0, 5] = -1
+    bt[1, 0] = 2**31 - 1
+    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
+    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
+    for num_splits in (1, 3, MAX_SPLITS):
+        outs = []
+        for value in ("1", "0"):
+            monkeypatch.setenv(var, value)
+            case.gpu.error_flag.fill(0)
+            o, lse = case.run(num_splits, block_tables=bt)
+            outs.append((o, lse, case.flag()))
+        (o1, lse1, f1), (o0, lse0, f0) = outs
+        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
+        np.testing.assert_array_equal(o1, o0)
+        np.testing.assert_array_equal(lse1, lse0)
+
+
+def store_token_major(cp, case):
+    """Replace the case's planes by token-major (NHD) copies seen as HND views (strided:
+    not token-contiguous, so no slab copies)."""
+    for pname, plane in list(case.gpu.planes.items()):
+        nb, h, bs, w = plane.shape
+        store = cp.empty((nb, bs, h, w), dtype=plane.dtype)
+        store[...] = plane.transpose(0, 2, 1, 3)
+        case.gpu.planes[pname] = store.transpose(0, 2, 1, 3)
+
+
 @pytest.mark.parametrize("name", ["fp16", "bf16"])
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 def test_warp_run_bulk_copies_match_per_thread_copies(cp, name, block_size, monkeypatch):
@@ -595,26 +633,7 @@ def test_nvfp4_warp_pipes_flag_bad_pages_as_before(cp, name, block_size, monkeyp
     windows after the first (sequence 3: tiles 33 and 40 of a 72-tile sequence), so the flag
     (bit 2) and the outputs (bad pages masked, no copy) are those of the CTA-barrier build,
     bit for bit, at every split count."""
-    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
-                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
-                seed=block_size)  # fmt: skip
-    bt = case.block_tables.copy()
-    bt[0, 1] = case.gpu.num_blocks  # one past the cache
-    bt[0, 5] = -1
-    bt[1, 0] = 2**31 - 1
-    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
-    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
-    for num_splits in (1, 3, MAX_SPLITS):
-        outs = []
-        for value in ("1", "0"):
-            monkeypatch.setenv("KVKIT_DECODE_WARP_PIPE", value)
-            case.gpu.error_flag.fill(0)
-            o, lse = case.run(num_splits, block_tables=bt)
-            outs.append((o, lse, case.flag()))
-        (o1, lse1, f1), (o0, lse0, f0) = outs
-        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
-        np.testing.assert_array_equal(o1, o0)
-        np.testing.assert_array_equal(lse1, lse0)
+    assert_bad_pages_agree(name, block_size, block_size, monkeypatch, "KVKIT_DECODE_WARP_PIPE")
 
 
 TQ_NAMES = ["turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_3bit_nc"]
@@ -642,12 +661,7 @@ def test_turboquant_warp_slabs_match_the_page_run_build(
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=window,
                 seed=block_size + 3 * group + q_len + head_dim)  # fmt: skip
     if pages.startswith("nhd"):
-        for pname, plane in list(case.gpu.planes.items()):
-            # Token-major storage (num_blocks, block_size, H, width) seen as HND.
-            nb, h, bs, w = plane.shape
-            store = cp.empty((nb, bs, h, w), dtype=plane.dtype)
-            store[...] = plane.transpose(0, 2, 1, 3)
-            case.gpu.planes[pname] = store.transpose(0, 2, 1, 3)
+        store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_SLABS", "1", "0")
 
 
@@ -663,11 +677,7 @@ def test_turboquant_warp_slabs_at_head_dim_64(cp, name, group, q_len, pages, mon
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
     if pages.startswith("nhd"):
-        for pname, plane in list(case.gpu.planes.items()):
-            nb, h, bs, w = plane.shape
-            store = cp.empty((nb, bs, h, w), dtype=plane.dtype)
-            store[...] = plane.transpose(0, 2, 1, 3)
-            case.gpu.planes[pname] = store.transpose(0, 2, 1, 3)
+        store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_SLABS64", "1", "0")
 
 
@@ -706,26 +716,7 @@ def test_turboquant_warp_slabs_flag_bad_pages_as_before(cp, name, block_size, mo
     huge entry, bad pages in a later window of the warp pipes): the flag (bit 2) and the
     outputs (bad pages masked, no copy) equal the page-run build's, bit for bit, at every
     split count."""
-    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
-                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
-                seed=block_size + 5)  # fmt: skip
-    bt = case.block_tables.copy()
-    bt[0, 1] = case.gpu.num_blocks  # one past the cache
-    bt[0, 5] = -1
-    bt[1, 0] = 2**31 - 1
-    bt[3, 33 * 64 // block_size] = -1  # the first tile of window 1
-    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
-    for num_splits in (1, 3, MAX_SPLITS):
-        outs = []
-        for value in ("1", "0"):
-            monkeypatch.setenv("KVKIT_DECODE_TQ_SLABS", value)
-            case.gpu.error_flag.fill(0)
-            o, lse = case.run(num_splits, block_tables=bt)
-            outs.append((o, lse, case.flag()))
-        (o1, lse1, f1), (o0, lse0, f0) = outs
-        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
-        np.testing.assert_array_equal(o1, o0)
-        np.testing.assert_array_equal(lse1, lse0)
+    assert_bad_pages_agree(name, block_size, block_size + 5, monkeypatch, "KVKIT_DECODE_TQ_SLABS")
 
 
 @pytest.mark.parametrize("name, head_dim, group, q_len, q_dtype, window, softcap", [
