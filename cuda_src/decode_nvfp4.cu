@@ -67,7 +67,7 @@
 //   Scales as before (unpadded 8-byte rows, byte loads).
 // Not at other head dims (D = 64: 32-byte rows need a gap per 2 rows; D = 256: 16-byte value
 // loads), not on sm_80 / sm_86 / sm_89 (no copy engine), not for the CUDA-core core (G * q_len
-// > 16), not for two row tiles (below).
+// > 16); two row tiles too since session 13 (below).
 // 1 is the default: executed-path walk (scripts/sass_path.py, sm_90, D = 128, G = 4, warps
 // 2-3 / 0-1) 604 / 649 -> 577 / 625 warp instructions per warp-tile, the tile start 162 ->
 // 142 (benchmarks/NOTES.md "nvstart"); -DKVKIT_DECODE_NVFP4_BULK=0 builds the cp.async path.

@@ -45,7 +45,7 @@ the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: f
 and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
 conversion; same bits; no effect where the conversion is the hardware's);
 ``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of NVFP4's warp-slab launches (sm_90+,
-head_dim 128, G * q_len <= 8, pages of >= 16 tokens): one CTA barrier per tile /
+head_dim 128, G * q_len <= 16, pages of >= 16 tokens): one CTA barrier per tile /
 warp-independent pipelines (the default: each warp its own stage barriers and one block-table
 entry per tile in registers, a warp barrier per tile; the warps meet at the end of the split),
 same bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic stream serialization

@@ -594,7 +594,7 @@ def test_nvfp4_warp_slab_copies_match_cp_async_copies(cp, block_size, group, q_l
 def test_nvfp4_warp_pipes_match_the_cta_barrier_build(cp, name, group, q_len, block_size,
                                                        window, monkeypatch):  # fmt: skip
     """KVKIT_DECODE_WARP_PIPE=1 (decode_core.cuh KVD_WARP_PIPE): in the warp-slab launches
-    (sm_90+, D = 128, G * q_len <= 8) each warp waits on its own stage barriers, keeps its own
+    (sm_90+, D = 128, G * q_len <= 16) each warp waits on its own stage barriers, keeps its own
     page-ring lanes and meets the others only at the end of the split (the default), instead
     of a CTA barrier per tile (0). Only the synchronization differs, so the results are
     the same bits: ragged lengths (37 and 3 leave warps of the last tile without a page; with
@@ -786,7 +786,10 @@ def test_nvfp4_rev1_tile_matches_rev0_tile(cp, block_size, head_dim, group, q_le
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=block_size, seq_lens=[5 * block_size + 9, 300, 37, 4],
                 window=window, seed=block_size + group + head_dim)  # fmt: skip
-    swap = head_dim == 128 and group * q_len <= 8  # the copy-engine builds (on sm_90+)
+    # The copy-engine builds (sm_90+) of one row tile. Two row tiles (G * q_len 9-16) take the
+    # swapped order too since session 13 and still gave the same bits on the H200 (call 7), so
+    # they keep the strict check.
+    swap = head_dim == 128 and group * q_len <= 8
     exact = "none" if swap else "all"
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NVFP4_REV", None, "0", exact)
 
