@@ -97,11 +97,35 @@ def test_a_cache_of_size_zero_never_records_nor_replays(monkeypatch):
     assert not plain_steps.worth_recording(("b",))
 
 
-def test_the_kernel_choice_environment_is_in_the_key(monkeypatch):
-    monkeypatch.delenv("KVKIT_DECODE_SIMT", raising=False)
-    before = plain_steps.kernel_choice_env()
-    monkeypatch.setenv("KVKIT_DECODE_SIMT", "1")
-    assert plain_steps.kernel_choice_env() != before
+@pytest.mark.parametrize("fast", [True, False])
+def test_the_kernel_choice_environment_is_in_the_key(monkeypatch, fast):
+    """Setting, changing or removing any KERNEL_ENV variable changes the key, on the direct
+    reading of os.environ's dict (fast) and on the public mapping."""
+    import os
+
+    if not fast:
+        monkeypatch.setattr(plain_steps, "_ENV_KEYS", None)
+    for name in plain_steps.KERNEL_ENV:
+        monkeypatch.delenv(name, raising=False)
+    unset = plain_steps.kernel_choice_env()
+    assert unset == (None,) * len(plain_steps.KERNEL_ENV)
+    seen = {unset}
+    names = ("KVKIT_DECODE_SIMT", "KVKIT_ARCH", "KVKIT_DECODE_PDL", "KVKIT_WRITE_DENSE_VARIANT")
+    for name in names:
+        monkeypatch.setenv(name, "1")
+        one = plain_steps.kernel_choice_env()
+        monkeypatch.setenv(name, "0")
+        zero = plain_steps.kernel_choice_env()
+        assert len({one, zero} | seen) == len(seen) + 2, name
+        seen |= {one, zero}
+        monkeypatch.delenv(name)
+        assert plain_steps.kernel_choice_env() == unset
+    os.environ["KVKIT_DECODE_TQ_SLABS"] = "1"  # os.environ itself, not through monkeypatch
+    try:
+        assert plain_steps.kernel_choice_env() != unset
+    finally:
+        del os.environ["KVKIT_DECODE_TQ_SLABS"]
+    assert plain_steps.kernel_choice_env() == unset
 
 
 def test_every_kernel_choosing_variable_is_in_the_key():
