@@ -19,7 +19,7 @@ pytest.importorskip("cupy_backends.cuda.libs.nvrtc")
 
 from kvkit import formats  # noqa: E402
 from kvkit.cuda import compiler  # noqa: E402
-from kvkit.cuda.compiler import TARGETS, compile_entry, compile_only  # noqa: E402
+from kvkit.cuda.compiler import TARGETS, compile_entries, compile_entry, compile_only  # noqa: E402
 from kvkit.cuda.write import tq_launch_defines  # noqa: E402
 
 
@@ -161,8 +161,12 @@ def _variants():
 @pytest.mark.parametrize("arch", TARGETS)
 def test_no_kernel_spills(arch):
     bad = []
-    for entry, name, d, dt, slot_t in _variants():
-        res = compile_entry(entry, _defines(name, d, dt, slot_t), arch, verbose_ptxas=True)
+    variants = _variants()
+    results = compile_entries(
+        [(entry, _defines(name, d, dt, slot_t), arch) for entry, name, d, dt, slot_t in variants],
+        verbose_ptxas=True,
+    )
+    for (entry, name, d, dt, _), res in zip(variants, results, strict=True):
         spills = _SPILL_RE.findall(res.log)
         assert spills, f"no ptxas statistics in the log of {entry} [{name}]: {res.log!r}"
         if any(int(s) or int(lo) for s, lo in spills):
@@ -179,7 +183,7 @@ _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_decode_does_not_spill(arch):
-    bad = []
+    bad, cases, jobs = [], [], []
     # "nvfp4-unpack0": NVFP4 with the pair-by-pair E2M1 unpacking (KVKIT_DECODE_NVFP4_UNPACK=0,
     # kept for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "nvfp4-rev0":
@@ -223,12 +227,16 @@ def test_tensor_core_decode_does_not_spill(arch):
             if switch:
                 key, value = switches[switch]
                 defines[key] = value
-            res = compile_entry(_DECODE_ENTRY[fmt.family], defines, arch, verbose_ptxas=True)
-            assert "mma.sync.aligned" in res.ptx, (name, group, q_len, d)  # the tensor-core core
-            spills = _SPILL_RE.findall(res.log)
-            assert spills, f"no ptxas statistics for {name}: {res.log!r}"
-            if any(int(s) or int(lo) for s, lo in spills):
-                bad.append((name, group, q_len, d, q_dtype, spills))
+            cases.append((name, group, q_len, d, q_dtype))
+            jobs.append((_DECODE_ENTRY[fmt.family], defines, arch))
+    for (name, group, q_len, d, q_dtype), res in zip(
+        cases, compile_entries(jobs, verbose_ptxas=True), strict=True
+    ):
+        assert "mma.sync.aligned" in res.ptx, (name, group, q_len, d)  # the tensor-core core
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {name}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((name, group, q_len, d, q_dtype, spills))
     assert bad == []
 
 
@@ -267,17 +275,19 @@ def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
     fallback): every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every input
     dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the default)."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
-    bad = []
+    bad, cases, jobs = [], [], []
     for name in TQ:
         for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
             for dt in ("0", "1", "2"):
                 defines = _defines(name, d, dt)
                 assert defines["TQ_VARIANT"] == "4"
-                res = compile_entry("write_turboquant.cu", defines, arch, verbose_ptxas=True)
-                spills = _SPILL_RE.findall(res.log)
-                assert spills, f"no ptxas statistics for {name} D={d} dtype {dt}: {res.log!r}"
-                if any(int(s) or int(lo) for s, lo in spills):
-                    bad.append((name, d, dt, spills))
+                cases.append((name, d, dt))
+                jobs.append(("write_turboquant.cu", defines, arch))
+    for (name, d, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {name} D={d} dtype {dt}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((name, d, dt, spills))
     assert bad == []
 
 
@@ -300,16 +310,18 @@ def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+    cases = [(name, d, dt) for name in TQ
+             for d in ((64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256))
+             for dt in ("0", "1", "2")]  # fmt: skip
+    results = compile_entries(
+        [("write_turboquant.cu", _defines(name, d, dt), arch) for name, d, dt in cases],
+        ptx_only=True,
+    )
     bad = []
-    for name in TQ:
-        for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
-            for dt in ("0", "1", "2"):
-                res = compile_entry(
-                    "write_turboquant.cu", _defines(name, d, dt), arch, ptx_only=True
-                )
-                found = mod.divergent_syncs(res.ptx)
-                if found:
-                    bad.append((name, d, dt, found[0]))
+    for (name, d, dt), res in zip(cases, results, strict=True):
+        found = mod.divergent_syncs(res.ptx)
+        if found:
+            bad.append((name, d, dt, found[0]))
     assert bad == []
 
 
@@ -331,14 +343,30 @@ def test_dense_fast_body_does_not_spill(arch, monkeypatch):
     from kvkit.cuda.write import dense_launch_defines
 
     monkeypatch.setenv("KVKIT_WRITE_DENSE_VARIANT", "1")
+    cases = [(name, dt) for name in DENSE for dt in ("0", "1", "2")]
+    jobs = []
+    for name, dt in cases:
+        fmt = formats.get(name, 128)
+        defines = _defines(name, 128, dt, "long long", **dense_launch_defines(fmt, dt))
+        jobs.append(("write_dense.cu", defines, arch))
     bad = []
-    for name in DENSE:
-        for dt in ("0", "1", "2"):
-            fmt = formats.get(name, 128)
-            defines = _defines(name, 128, dt, "long long", **dense_launch_defines(fmt, dt))
-            res = compile_entry("write_dense.cu", defines, arch, verbose_ptxas=True)
-            spills = _SPILL_RE.findall(res.log)
-            assert spills, f"no ptxas statistics for {name} dtype {dt}: {res.log!r}"
-            if any(int(s) or int(lo) for s, lo in spills):
-                bad.append((name, dt, spills))
+    for (name, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {name} dtype {dt}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((name, dt, spills))
     assert bad == []
+
+
+def test_compile_entries_keeps_job_order_and_raises_a_failure():
+    """compile_entries (threads) returns compile_entry's result for each job in job order, and
+    a job that does not compile raises its CompileError."""
+    jobs = [("write_dense.cu", _defines(name), "sm_80") for name in ("fp16", "fp8_e4m3", "bf16")]
+    results = compile_entries(jobs, ptx_only=True, workers=3)
+    assert [r.ptx for r in results] == [
+        compile_entry(entry, defines, arch, ptx_only=True).ptx for entry, defines, arch in jobs
+    ]
+    assert len({r.ptx for r in results}) == 3
+    broken = dict(_defines("fp16"), KV_DENSE_CPT="3")  # write_dense.cu's #error branch
+    with pytest.raises(compiler.CompileError):
+        compile_entries([jobs[0], ("write_dense.cu", broken, "sm_80")], ptx_only=True)
