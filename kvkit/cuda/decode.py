@@ -44,8 +44,9 @@ measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1`` turns off / 
 the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: fp8_e4m3 keys
 and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
 conversion; same bits; no effect where the conversion is the hardware's);
-``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of NVFP4's warp-slab launches (sm_90+,
-head_dim 128, G * q_len <= 16, pages of >= 16 tokens): one CTA barrier per tile /
+``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of the warp-slab launches (sm_90+,
+tensor-core core, pages of >= 16 tokens; NVFP4 at head_dim 128, G * q_len <= 16, and the
+TurboQuant slab builds below): one CTA barrier per tile /
 warp-independent pipelines (the default: each warp its own stage barriers and one block-table
 entry per tile in registers, a warp barrier per tile; the warps meet at the end of the split),
 same bits: all for A/B runs). On sm_90+ stage 2 is launched with programmatic stream serialization
@@ -302,23 +303,44 @@ def _env_choice(name: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+#: A/B build switches that reach the kernels as a define of the same name: (environment
+#: variable, allowed values, the format families (or names) whose stage 1 reads it). Defaults
+#: and measurements live next to each define in cuda_src.
+_FAMILY_SWITCHES = (
+    # NVFP4's tensor-core E2M1 unpacking (decode_nvfp4.cu KV_NVFP4_UNPACK).
+    ("KVKIT_DECODE_NVFP4_UNPACK", ("0", "1"), ("nvfp4",)),
+    # NVFP4's tile copies on sm_90+: warp slabs by the copy engine (1) or cp.async (0)
+    # (decode_nvfp4.cu KV_NVFP4_BULK).
+    ("KVKIT_DECODE_NVFP4_BULK", ("0", "1"), ("nvfp4",)),
+    # NVFP4's tensor-core tile: nvdec2's (1) or session 10's (0) (decode_nvfp4.cu KV_NVFP4_REV).
+    ("KVKIT_DECODE_NVFP4_REV", ("0", "1"), ("nvfp4",)),
+    # NVFP4's warp slabs up to 8 or 16 query rows (decode_nvfp4.cu KV_NVFP4_SLAB_ROWS).
+    ("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"), ("nvfp4",)),
+    # TurboQuant's packed mma columns for G * q_len <= 4 (decode_turboquant.cu).
+    ("KVKIT_DECODE_TQ_VARIANT", ("0", "1"), ("turboquant",)),
+    # TurboQuant's 3-bit unpacking plans (decode_turboquant.cu).
+    ("KVKIT_DECODE_TQ3", ("0", "1"), ("turboquant",)),
+    # TurboQuant's copies from head_dim 128: warp slabs (1) or page runs (0)
+    # (decode_turboquant.cu KV_TQ_SLABS), and below head_dim 128: warp slabs or cp.async.
+    ("KVKIT_DECODE_TQ_SLABS", ("0", "1"), ("turboquant",)),
+    ("KVKIT_DECODE_TQ_SLABS64", ("0", "1"), ("turboquant",)),
+    # The tile loop of every warp-slab launch (NVFP4, TurboQuant): warp-independent pipelines
+    # (1) or the CTA-wide tile barrier (0) (decode_core.cuh KVD_WARP_PIPE).
+    ("KVKIT_DECODE_WARP_PIPE", ("0", "1"), ("nvfp4", "turboquant")),
+    # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
+    # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
+    ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
+)
+
+
 def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
     mask_all = os.environ.get("KVKIT_DECODE_MASK_ALL", "") == "1"
     no_runs = os.environ.get("KVKIT_DECODE_BULK_RUNS", "") == "0"
-    nvfp4_unpack = _env_choice("KVKIT_DECODE_NVFP4_UNPACK", ("0", "1"))
-    nvfp4_bulk = _env_choice("KVKIT_DECODE_NVFP4_BULK", ("0", "1"))
-    nvfp4_rev = _env_choice("KVKIT_DECODE_NVFP4_REV", ("0", "1"))
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
-    tq_variant = _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
-    tq3 = _env_choice("KVKIT_DECODE_TQ3", ("0", "1"))
-    tq_slabs = _env_choice("KVKIT_DECODE_TQ_SLABS", ("0", "1"))
-    tq_slabs64 = _env_choice("KVKIT_DECODE_TQ_SLABS64", ("0", "1"))
-    nvfp4_slab_rows = _env_choice("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"))
-    fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
-    warp_pipe = _env_choice("KVKIT_DECODE_WARP_PIPE", ("0", "1"))
+    switches = tuple(_env_choice(name, allowed) for name, allowed, _ in _FAMILY_SWITCHES)
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
@@ -326,9 +348,8 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     pdl_trigger = _env_choice("KVKIT_DECODE_PDL_TRIGGER", ("0", "1"))
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs, nvfp4_unpack, nvfp4_bulk, nvfp4_rev,
-        row_runs, tq_variant, tq3, min_blocks, fp8_nantile, warp_pipe, pdl_trigger, tq_slabs,
-        tq_slabs64, nvfp4_slab_rows,
+        group, q_len, simt, stage_kb, mask_all, no_runs, row_runs, min_blocks, pdl_trigger,
+        switches,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -355,46 +376,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if no_runs:
         # Bulk row planes copied per thread instead of per warp run (A/B measurements).
         defines["KVD_BULK_WARP_RUNS_ON"] = "0"
-    if nvfp4_unpack and fmt.family == "nvfp4":
-        # NVFP4's tensor-core E2M1 unpacking (decode_nvfp4.cu KV_NVFP4_UNPACK; A/B runs).
-        defines["KVKIT_DECODE_NVFP4_UNPACK"] = nvfp4_unpack
-    if nvfp4_bulk and fmt.family == "nvfp4":
-        # NVFP4's tile copies on sm_90+ at D = 128: warp slabs by the copy engine (1, the
-        # default) or cp.async pieces (0) (decode_nvfp4.cu KV_NVFP4_BULK; A/B runs).
-        defines["KVKIT_DECODE_NVFP4_BULK"] = nvfp4_bulk
-    if tq_variant and fmt.family == "turboquant":
-        # TurboQuant's tensor-core stage 1: packed mma columns for G * q_len <= 4 (1, the
-        # default) or the build before them (0) (decode_turboquant.cu; A/B runs).
-        defines["KVKIT_DECODE_TQ_VARIANT"] = tq_variant
-    if tq_slabs and fmt.family == "turboquant":
-        # TurboQuant's tensor-core launches from head_dim 128 copy per warp slab (1; the
-        # default for codebook keys) or per page run (0; k8v4's default)
-        # (decode_turboquant.cu KV_TQ_SLABS; A/B runs).
-        defines["KVKIT_DECODE_TQ_SLABS"] = tq_slabs
-    if tq_slabs64 and fmt.family == "turboquant":
-        # Warp slabs below head_dim 128 (1, the default) or cp.async (0)
-        # (decode_turboquant.cu; A/B runs).
-        defines["KVKIT_DECODE_TQ_SLABS64"] = tq_slabs64
-    if nvfp4_slab_rows and fmt.family == "nvfp4":
-        # NVFP4's warp slabs up to 8 or 16 (the default) query rows (decode_nvfp4.cu; A/B).
-        defines["KVKIT_DECODE_NVFP4_SLAB_ROWS"] = nvfp4_slab_rows
-    if tq3 and fmt.family == "turboquant":
-        # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
-        # the build before them (0); default per shape in decode_turboquant.cu (A/B runs).
-        defines["KVKIT_DECODE_TQ3"] = tq3
-    if fp8_nantile and (fmt.name == "fp8_e4m3" or fmt.name == "turboquant_k8v4"):
-        # The software-FP8 path's per-tile NaN-free E4M3 conversion (1, the default) or the
-        # exact one everywhere (0) (decode_codes.cuh KV_E4M3_NANTILE; A/B runs).
-        defines["KVKIT_DECODE_FP8_NANTILE"] = fp8_nantile
-    if nvfp4_rev and fmt.family == "nvfp4":
-        # NVFP4's tensor-core tile: nvdec2's (1, the default) or session 10's (0)
-        # (decode_nvfp4.cu KV_NVFP4_REV; A/B runs).
-        defines["KVKIT_DECODE_NVFP4_REV"] = nvfp4_rev
-    if warp_pipe and fmt.family == "nvfp4":
-        # Warp-independent tile pipelines in the warp-slab launches (1, the default) or the
-        # CTA-wide tile barrier (0) (decode_core.cuh KVD_WARP_PIPE; A/B runs). NVFP4 is the
-        # only family with warp slabs.
-        defines["KVKIT_DECODE_WARP_PIPE"] = warp_pipe
+    for (name, _, readers), value in zip(_FAMILY_SWITCHES, switches, strict=True):
+        if value and (fmt.family in readers or fmt.name in readers):
+            defines[name] = value
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"

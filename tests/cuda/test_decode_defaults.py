@@ -36,3 +36,54 @@ def test_build_switches_reject_unknown_values(monkeypatch):
     monkeypatch.setenv("KVKIT_DECODE_TQ_VARIANT", "2")
     with pytest.raises(ValueError, match="KVKIT_DECODE_TQ_VARIANT='2'"):
         _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
+
+
+def _stage1_defines(monkeypatch, name: str, head_dim: int = 128) -> dict:
+    """The defines _stage1_for builds for one format (G = 4, q_len = 1), no GPU: the device
+    query and the module build are stood in for."""
+    import cupy
+
+    from kvkit.cuda import decode as cuda_decode
+
+    seen = {}
+
+    def fake_kernel(entry, kname, defines):
+        seen.update(defines)
+        return None, 0, 128, 64
+
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cuda_decode, "_stage1_kernel", fake_kernel)
+    monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
+    cuda_decode._stage1_for(formats.get(name, head_dim), "x.cu", "k", "1", 4, 1)
+    return seen
+
+
+def test_build_switches_reach_the_families_that_read_them(monkeypatch):
+    """Each A/B switch becomes a define only for the formats whose stage 1 reads it; the warp
+    pipes reach every family with warp slabs (NVFP4 and TurboQuant), the NaN-free E4M3 tiles
+    the formats with E4M3 bytes. Unset switches add no define."""
+    from kvkit.cuda.decode import _FAMILY_SWITCHES
+
+    names = [switch for switch, _, _ in _FAMILY_SWITCHES]
+    for switch in names:
+        monkeypatch.delenv(switch, raising=False)
+    for name in formats.names():
+        assert not set(names) & set(_stage1_defines(monkeypatch, name))
+    values = {switch: allowed[0] for switch, allowed, _ in _FAMILY_SWITCHES}
+    for switch, value in values.items():
+        monkeypatch.setenv(switch, value)
+    expect = {
+        "nvfp4": {"KVKIT_DECODE_NVFP4_UNPACK", "KVKIT_DECODE_NVFP4_BULK",
+                  "KVKIT_DECODE_NVFP4_REV", "KVKIT_DECODE_NVFP4_SLAB_ROWS",
+                  "KVKIT_DECODE_WARP_PIPE"},
+        "turboquant_4bit_nc": {"KVKIT_DECODE_TQ_VARIANT", "KVKIT_DECODE_TQ3",
+                               "KVKIT_DECODE_TQ_SLABS", "KVKIT_DECODE_TQ_SLABS64",
+                               "KVKIT_DECODE_WARP_PIPE"},
+        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE"},
+        "fp16": set(),
+    }  # fmt: skip
+    expect["turboquant_k8v4"] = expect["turboquant_4bit_nc"] | {"KVKIT_DECODE_FP8_NANTILE"}
+    for name, wanted in expect.items():
+        defines = _stage1_defines(monkeypatch, name)
+        assert set(names) & set(defines) == wanted, name
+        assert {switch: defines[switch] for switch in wanted} == {s: values[s] for s in wanted}
