@@ -132,7 +132,10 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
 //     cp.async build's 48-byte rows give (tokens 2 c + e at 96 c + 48 e: banks
 //     (12 e + g + 24 c) mod 32, c = 0..3 at 0, 24, 16, 8: all 32 distinct). The gap costs
 //     three more copies per warp-tile (four 128-byte runs instead of one 512-byte one); the
-//     region is 64 x 32 + 16 x 32 = 2560 bytes (padded rows: 64 x 48 = 3072).
+//     region is 64 x 32 + 16 x 32 = 2560 bytes (padded rows: 64 x 48 = 3072). 2 (A/B) keeps
+//     the value rows unpadded instead: one 512-byte copy, 2 wavefronts per value load (four
+//     loads per warp-tile: 4 more wavefronts, against ~20 uniform instructions of the three
+//     copies; static walk in benchmarks/NOTES.md "nv64").
 //   Scales (4-byte rows, slab planes: unpadded in both builds): key scale byte c of token g
 //     (32 consecutive bytes, 8 words), value scale byte g / 2 of tokens 2 c + e (4 words on 4
 //     banks): 1 wavefront each, as before.
@@ -155,8 +158,12 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 32 && KV_PLANE_V_DATA_WIDTH == 32 &&
 #define KV_BULK_WARP_SLABS 1
 #define KV_P0_SROW KV_P0_BYTES
 #define KV_P2_SROW KV_P2_BYTES
+#if KV_NVFP4_SLABS_OTHER_D == 1
 // One row's gap per 4 value rows (above).
 #define KV_P2_SGAP KV_P2_BYTES
+#elif KV_NVFP4_SLABS_OTHER_D != 2
+#error "KVKIT_DECODE_NVFP4_SLABS_OTHER_D: 0, 1 or 2"
+#endif
 #endif
 
 // E2M1 unpacking of the tensor-core register paths (kv_mma_kstep, kv_mma_vpair):

@@ -59,8 +59,9 @@ default for the codebook-key presets; k8v4 measured slower with them), and
 every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp slabs to one
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` picks
 NVFP4's tile copies on sm_90+ at head_dim 64 in the tensor-core launches, cp.async pieces (the
-default) / warp slabs with warp pipes (value rows with a row's gap per 4 rows, the tokens in
-their natural order); same bits (A/B runs).
+default) / warp slabs with warp pipes (the tokens in their natural order; value rows with a
+row's gap per 4 rows, conflict-free value loads / ``2``: unpadded, one copy fewer per plane
+and warp, 2-way conflicts); same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -320,7 +321,7 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     tq_slabs = _env_choice("KVKIT_DECODE_TQ_SLABS", ("0", "1"))
     tq_slabs64 = _env_choice("KVKIT_DECODE_TQ_SLABS64", ("0", "1"))
     nvfp4_slab_rows = _env_choice("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"))
-    nvfp4_slabs_other_d = _env_choice("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", ("0", "1"))
+    nvfp4_slabs_other_d = _env_choice("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", ("0", "1", "2"))
     fp8_nantile = _env_choice("KVKIT_DECODE_FP8_NANTILE", ("0", "1"))
     warp_pipe = _env_choice("KVKIT_DECODE_WARP_PIPE", ("0", "1"))
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
@@ -383,8 +384,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
         # NVFP4's warp slabs up to 8 or 16 (the default) query rows (decode_nvfp4.cu; A/B).
         defines["KVKIT_DECODE_NVFP4_SLAB_ROWS"] = nvfp4_slab_rows
     if nvfp4_slabs_other_d and fmt.family == "nvfp4":
-        # NVFP4's warp slabs (and warp pipes) at head_dim 64 too (1) or at 128 only (0, the
-        # default) (decode_nvfp4.cu KV_NVFP4_SLABS_OTHER_D; A/B runs).
+        # NVFP4's warp slabs (and warp pipes) at head_dim 64 too (1: value rows with gaps; 2:
+        # unpadded) or at 128 only (0, the default) (decode_nvfp4.cu KV_NVFP4_SLABS_OTHER_D;
+        # A/B runs).
         defines["KVKIT_DECODE_NVFP4_SLABS_OTHER_D"] = nvfp4_slabs_other_d
     if tq3 and fmt.family == "turboquant":
         # TurboQuant's 3-bit unpacking in the tensor-core stage 1: the session-12 plans (1) or
