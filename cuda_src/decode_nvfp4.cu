@@ -65,7 +65,7 @@
 //     step later (the gap): banks 2 g + {0, 1} for two c and 16 + 2 g + {0, 1} for the other
 //     two, every bank twice: 2 wavefronts. The region is the padded rows' size (16 x 80).
 //   Scales as before (unpadded 8-byte rows, byte loads).
-// Not at other head dims (D = 64: 32-byte rows need a gap per 2 rows; D = 256: 16-byte value
+// Not at other head dims (D = 64 under KV_NVFP4_SLABS_OTHER_D, below; D = 256: 16-byte
 // loads), not on sm_80 / sm_86 / sm_89 (no copy engine), not for the CUDA-core core (G * q_len
 // > 16); two row tiles too since session 13 (below).
 // 1 is the default: executed-path walk (scripts/sass_path.py, sm_90, D = 128, G = 4, warps
@@ -106,6 +106,63 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
 #define KV_MMA_TOKEN_SWAP 1
 #else
 #define KV_P2_SGAP KV_P2_BYTES
+#endif
+#endif
+
+// Warp slabs (and with them warp pipes, decode_core.cuh KVD_WARP_PIPE) at head_dim 64
+// (KV_NVFP4_SLABS_OTHER_D; env KVKIT_DECODE_NVFP4_SLABS_OTHER_D, kvkit/cuda/decode.py; A/B
+// runs, 0 by default until measured): the tensor-core launches on sm_90+ as at D = 128, with
+// a staging layout for the bank pattern of the D = 64 reads and the tokens in their natural
+// order (no KV_MMA_TOKEN_SWAP): the same operands in the same lanes and mma k slots as the
+// cp.async build, so the same bits. Lane (g, c) = (lane / 4, lane % 4), 4-byte banks; a
+// common shift of every address by a multiple of 16 bytes (region, stage and warp bases)
+// rotates the banks and leaves the conflicts as they are, so offsets below are the warp's.
+//   Keys (kv_mma_kload): 8-byte loads, token g (then g + 8) at byte 8 c of its 32-byte row.
+//     Unpadded rows, one copy per warp: a half-warp (tokens 4 h .. 4 h + 3, all c) reads 128
+//     contiguous bytes, every bank once: 2 wavefronts per load, the least for 256 bytes
+//     (the cp.async build's 48-byte rows: half-warp 0 at 48 g mod 128 = 0, 48, 96, 16 puts
+//     tokens 0 and 3 on banks 4-7, half-warp 1 tokens 4 and 7 on banks 20-23: 2 per half-warp,
+//     4 per load, where the hardware splits 8-byte loads by half-warps).
+//   Values (kv_mma_vload): 4-byte loads of byte 4 g of tokens 2 c + e (e in {0, 1, 8, 9}):
+//     unpadded, tokens e, e + 2, e + 4, e + 6 sit at 32 e + 64 c, mod 128 two pairs on the same
+//     8 banks: 2 wavefronts. A row's gap (32 bytes) after every 4 rows puts row t at
+//     32 t + 32 (t / 4): tokens e, e + 2 at 32 e + {0, 64}, e + 4, e + 6 at 32 e + {160, 224},
+//     mod 128 32 e + {0, 64, 32, 96} (e = 8, 9: + 64 more for both groups): the four tokens on
+//     four different 8-bank quarters, lanes g on the 8 banks of each: 1 wavefront, as the
+//     cp.async build's 48-byte rows give (tokens 2 c + e at 96 c + 48 e: banks
+//     (12 e + g + 24 c) mod 32, c = 0..3 at 0, 24, 16, 8: all 32 distinct). The gap costs
+//     three more copies per warp-tile (four 128-byte runs instead of one 512-byte one); the
+//     region is 64 x 32 + 16 x 32 = 2560 bytes (padded rows: 64 x 48 = 3072). 2 (A/B) keeps
+//     the value rows unpadded instead: one 512-byte copy, 2 wavefronts per value load (four
+//     loads per warp-tile: 4 more wavefronts, against ~20 uniform instructions of the three
+//     copies; static walk in benchmarks/NOTES.md "nv64").
+//   Scales (4-byte rows, slab planes: unpadded in both builds): key scale byte c of token g
+//     (32 consecutive bytes, 8 words), value scale byte g / 2 of tokens 2 c + e (4 words on 4
+//     banks): 1 wavefront each, as before.
+// D = 256 is not built (benchmarks/NOTES.md "nv64"): its 128-byte code rows put tokens 2 q and
+// 2 q + 1 of a quarter-warp's 16-byte key loads on the same banks in any layout of unpadded
+// rows with gaps per 4 rows (16-byte loads are split by quarter-warps), and the value loads'
+// tokens e, e + 2 likewise; only per-row padding (one copy per row) or another token order
+// (other float32 sums) avoids that.
+#if defined(KVKIT_DECODE_NVFP4_SLABS_OTHER_D)
+#define KV_NVFP4_SLABS_OTHER_D KVKIT_DECODE_NVFP4_SLABS_OTHER_D
+#else
+#define KV_NVFP4_SLABS_OTHER_D 0
+#endif
+#if KV_NVFP4_SLABS_OTHER_D && KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 64 && \
+    defined(KV_GROUP) && defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= KV_NVFP4_SLAB_ROWS
+static_assert(KV_PLANE_K_DATA_WIDTH == 32 && KV_PLANE_V_DATA_WIDTH == 32 &&
+                  KV_PLANE_K_SCALE_WIDTH == 4 && KV_PLANE_V_SCALE_WIDTH == 4,
+              "the bank arithmetic above is for 32-byte code rows and 4-byte scale rows");
+#define KV_BULK_COPIES 1
+#define KV_BULK_WARP_SLABS 1
+#define KV_P0_SROW KV_P0_BYTES
+#define KV_P2_SROW KV_P2_BYTES
+#if KV_NVFP4_SLABS_OTHER_D == 1
+// One row's gap per 4 value rows (above).
+#define KV_P2_SGAP KV_P2_BYTES
+#elif KV_NVFP4_SLABS_OTHER_D != 2
+#error "KVKIT_DECODE_NVFP4_SLABS_OTHER_D: 0, 1 or 2"
 #endif
 #endif
 

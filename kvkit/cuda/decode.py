@@ -316,6 +316,9 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_NVFP4_REV", ("0", "1"), ("nvfp4",)),
     # NVFP4's warp slabs up to 8 or 16 query rows (decode_nvfp4.cu KV_NVFP4_SLAB_ROWS).
     ("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"), ("nvfp4",)),
+    # NVFP4's warp slabs (and warp pipes) at head_dim 64 too: value rows with a row's gap per
+    # 4 rows (1), unpadded (2), or cp.async at 64 (0) (decode_nvfp4.cu KV_NVFP4_SLABS_OTHER_D).
+    ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", ("0", "1", "2"), ("nvfp4",)),
     # TurboQuant's packed mma columns for G * q_len <= 4 (decode_turboquant.cu).
     ("KVKIT_DECODE_TQ_VARIANT", ("0", "1"), ("turboquant",)),
     # TurboQuant's 3-bit unpacking plans (decode_turboquant.cu).

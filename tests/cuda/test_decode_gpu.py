@@ -695,6 +695,28 @@ def test_nvfp4_warp_slabs_with_two_row_tiles(cp, name, group, q_len, block_size,
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NVFP4_SLAB_ROWS", "16", "8")
 
 
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("variant", ["1", "2"])
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 2), (16, 1)])
+@pytest.mark.parametrize("pages", ["hnd16", "hnd128", "nhd32"])
+@pytest.mark.parametrize("window", [None, 70])
+def test_nvfp4_warp_slabs_at_head_dim_64(cp, name, variant, group, q_len, pages, window,
+                                         monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 2: NVFP4's warp slabs and warp pipes at head_dim 64
+    (value rows with a row's gap per 4 rows / unpadded; the tokens in their natural order)
+    against the cp.async build (0): same bits. One and two row tiles, pages below and above
+    the 64-token tile, a split of more than 32 tiles (the warp pipes' page window refills),
+    token-major pages (not slabs: the CTA barrier and the ring inside a slab build), a window
+    with causal q_len > 1. GPUs without the copy engine build the same code either way."""
+    block_size = int(pages[3:])
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 4, 130, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + int(variant))  # fmt: skip
+    if pages.startswith("nhd"):
+        store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", variant, "0")
+
+
 @pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k8v4"])
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("window", [None, 2500])
