@@ -58,7 +58,10 @@ lets it be scheduled from the start of stage 1's CTAs / from their last tile (th
 default for the codebook-key presets; k8v4 measured slower with them), and
 ``KVKIT_DECODE_TQ_SLABS64=0`` / ``1`` below head_dim 128 cp.async / warp slabs (the default,
 every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp slabs to one
-row tile / allows two (the default); same bits (A/B runs).
+row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
+picks NVFP4's tile copies on sm_90+ at head_dim 64 in the tensor-core launches: cp.async
+pieces / warp slabs with warp pipes, value rows with a row's gap per 4 rows / the same,
+unpadded; same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
