@@ -111,7 +111,11 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
 
 // Warp slabs (and with them warp pipes, decode_core.cuh KVD_WARP_PIPE) at head_dim 64
 // (KV_NVFP4_SLABS_OTHER_D; env KVKIT_DECODE_NVFP4_SLABS_OTHER_D, kvkit/cuda/decode.py; A/B
-// runs, 0 by default until measured): the tensor-core launches on sm_90+ as at D = 128, with
+// runs; default 2, unpadded value rows: measured on the H200 (session 14, call 1, graph ms,
+// nvfp4, Hq 32, Hkv 8) against cp.async (0): (32, 4096) 0.0549 / 0.0544 -> 0.0524, (64, 8192)
+// 0.1927 / 0.1923 -> 0.1894, (8, 8192) 0.0313 / 0.0311 -> 0.0293; 1 (row gaps) measured 0.0551,
+// 0.1995, 0.0309, so its fewer bank conflicts cost more in copies than they saved; D = 256
+// unchanged within 1%): the tensor-core launches on sm_90+ as at D = 128, with
 // a staging layout for the bank pattern of the D = 64 reads and the tokens in their natural
 // order (no KV_MMA_TOKEN_SWAP): the same operands in the same lanes and mma k slots as the
 // cp.async build, so the same bits. Lane (g, c) = (lane / 4, lane % 4), 4-byte banks; a
@@ -147,7 +151,7 @@ static_assert(KV_PLANE_K_DATA_WIDTH == 64 && KV_PLANE_V_DATA_WIDTH == 64,
 #if defined(KVKIT_DECODE_NVFP4_SLABS_OTHER_D)
 #define KV_NVFP4_SLABS_OTHER_D KVKIT_DECODE_NVFP4_SLABS_OTHER_D
 #else
-#define KV_NVFP4_SLABS_OTHER_D 0
+#define KV_NVFP4_SLABS_OTHER_D 2
 #endif
 #if KV_NVFP4_SLABS_OTHER_D && KV_NVFP4_BULK && KVKIT_BULK_COPY && KV_HEAD_DIM == 64 && \
     defined(KV_GROUP) && defined(KV_Q_LEN) && KV_GROUP * KV_Q_LEN <= KV_NVFP4_SLAB_ROWS

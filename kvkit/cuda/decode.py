@@ -61,7 +61,7 @@ every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp s
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
 picks NVFP4's tile copies on sm_90+ at head_dim 64 in the tensor-core launches: cp.async
 pieces / warp slabs with warp pipes, value rows with a row's gap per 4 rows / the same,
-unpadded; same bits (A/B runs).
+unpadded (the default); same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -320,7 +320,8 @@ _FAMILY_SWITCHES = (
     # NVFP4's warp slabs up to 8 or 16 query rows (decode_nvfp4.cu KV_NVFP4_SLAB_ROWS).
     ("KVKIT_DECODE_NVFP4_SLAB_ROWS", ("8", "16"), ("nvfp4",)),
     # NVFP4's warp slabs (and warp pipes) at head_dim 64 too: value rows with a row's gap per
-    # 4 rows (1), unpadded (2), or cp.async at 64 (0) (decode_nvfp4.cu KV_NVFP4_SLABS_OTHER_D).
+    # 4 rows (1), unpadded (2, the default), or cp.async at 64 (0) (decode_nvfp4.cu
+    # KV_NVFP4_SLABS_OTHER_D).
     ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", ("0", "1", "2"), ("nvfp4",)),
     # TurboQuant's packed mma columns for G * q_len <= 4 (decode_turboquant.cu).
     ("KVKIT_DECODE_TQ_VARIANT", ("0", "1"), ("turboquant",)),

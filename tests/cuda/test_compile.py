@@ -199,8 +199,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # "-tq64cpasync": TurboQuant's cp.async copies below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=0;
     # the default takes warp slabs there); "nvfp4-rows8": NVFP4's warp slabs for one row tile
     # only (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two); "nvfp4-slabs64" /
-    # "nvfp4-slabs64u": NVFP4's warp slabs at head_dim 64 with gapped / unpadded value rows
-    # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 2; the default keeps cp.async there).
+    # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
+    # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -214,14 +214,14 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tq64cpasync": ("KVKIT_DECODE_TQ_SLABS64", "0"),
         "rows8": ("KVKIT_DECODE_NVFP4_SLAB_ROWS", "8"),
         "slabs64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "1"),
-        "slabs64u": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "2"),
+        "cp64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
                  "nvfp4-rev0", "nvfp4-wpipe0", *TQ, "turboquant_4bit_nc-tqv0",
                  "turboquant_k8v4-tqv0", "turboquant_4bit_nc-tqslab0",
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
-                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-slabs64u"):  # fmt: skip
+                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),
