@@ -164,6 +164,22 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
+// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, env KVKIT_DECODE_TILE_PAIRS, kvkit/cuda/decode.py; A/B
+// builds): the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
+// slab launches: one online-softmax update and one fresh-accumulator add per m-tile for the
+// warp's 32 tokens instead of two of each, and one loop / PDL / wait bookkeeping per pair.
+// The stage-1 kernels are issue-bound (~0.7 warp instructions per scheduler cycle on the H200):
+// per 16-token warp-tile ~125 instructions are bookkeeping and ~73 softmax, which a pair
+// shares. Only where the registers allow it: one row tile (G * q_len <= 8; the 128-register
+// cap of four CTAs per SM) and head_dim <= 128 (two tiles' raw key and value words beside the
+// D / 2 accumulator floats). Launches that are not slabs keep the single-tile loop.
+#if defined(KVKIT_DECODE_TILE_PAIRS)
+#define KVD_TILE_PAIRS_ON KVKIT_DECODE_TILE_PAIRS
+#else
+#define KVD_TILE_PAIRS_ON 0
+#endif
+#define KVD_TILE_PAIRS \
+    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= 8 && KV_HEAD_DIM <= 128)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -336,7 +352,17 @@ constexpr int STAGE_BUDGET = KVD_STAGE_BUDGET_KB * 1024;  // launcher override (
 constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 #endif
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
+#if KVD_TILE_PAIRS
+// Tile pairs: tiles i and i + 1 are both read until the pair's PV ends, so the pair's start
+// can refill only the stages of the pair before (tiles i + STAGES - 2, i + STAGES - 1): four
+// stages keep one pair in flight while one computes, as three stages keep two single tiles
+// (the same bytes in flight), and an even count keeps a pair's two issues in one 32-tile page
+// window (KvTilePipe::advance_pages). Four stages of NVFP4 / 4-bit TurboQuant at D = 128 are
+// 36-38 KB, ~47 KB per CTA with the rest: four CTAs per SM still fit (228 KB).
+constexpr int STAGES = 4;
+#else
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
+#endif
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
 // The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY); per warp
 // and stage with KVD_WARP_PIPE (warp w's at 8 STAGES w).
@@ -1058,6 +1084,13 @@ struct KvTilePipe {
     __device__ __forceinline__ bool warp_has_page() const {
         return (pg_bits >> (kvd::STAGES - 1)) & 1u;
     }
+#if KVD_TILE_PAIRS
+    // Tile pairs: whether the warp has a page in tile i + k (k = 0, 1) after the pair's
+    // issues of tiles i + STAGES - 2 and i + STAGES - 1 (tile i's bit at STAGES - 1 again).
+    __device__ __forceinline__ bool warp_has_page_at(int k) const {
+        return (pg_bits >> (kvd::STAGES - 1 - k)) & 1u;
+    }
+#endif
     // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
     __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {
         return slabs ? has : pages(i)[t] >= 0;

@@ -419,6 +419,34 @@ __device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* 
     }
 }
 
+#if KVD_TILE_PAIRS
+// Tile pairs' PV of m-tile mi: tile a's and tile b's P parts into ONE fresh accumulator per
+// row tile (2 NPART mma deep), then one IEEE add into the running sum: the add keeps the
+// tensor cores' truncating adds off the large running sum, as kv_pv_mtile's does, once per
+// 32 tokens instead of once per 16.
+template <int NPART>
+__device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned (*av)[4],
+                                             const unsigned (*bp)[kvm::NR][NPART][2],
+                                             int acc_stride) {
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+        float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_PV_BF16
+                kv_mma_bf16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
+#else
+                kv_mma_f16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
+#endif
+            }
+        }
+        kv_acc_add4(acc_mi[nr * acc_stride], t4);
+    }
+}
+#endif
+
 #if !KV_MMA_V_REGS
 // The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
 // bf16 codes), as the shared address ldmatrix.trans lane `lane` passes for the first two
@@ -605,8 +633,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         kfac = kv_mma_init_table(tab_s, tid, THREADS);
 #endif
         __syncthreads();
+#if KVD_TILE_PAIRS
+        // Tile pairs (slab launches): the first pair issues tiles STAGES - 2 and STAGES - 1.
+        const int n_pro = pipe.slabs ? STAGES - 2 : STAGES - 1;
+#pragma unroll 1
+        for (int j = 0; j < n_pro; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+#else
 #pragma unroll 1
         for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+#endif
 #if KV_ROTATE_Q
         kv_fwht_rows_warp(qf_s, warp, lane);
 #endif
@@ -688,8 +723,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         (void)qm_addr;
         const int tw0 = warp * WT;
 
+#if KVD_TILE_PAIRS
+#include "common/decode_mma_pairs.cuh"
+#pragma unroll 1
+        for (int i = i_rest; i < n_tiles; ++i) {
+#else
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
+#endif
             if (KVD_PDL_TRIGGER == 1 && i == n_tiles - 1) kv_grid_dep_trigger();
             pipe.wait<STAGES - 2>(i);
             pipe.tile_sync();  // the CTA barrier; the warp's own in warp pipes (KVD_WARP_PIPE)
