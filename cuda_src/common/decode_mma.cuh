@@ -714,6 +714,23 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 pos[nr][j] = r < R ? seq_len - QL + r / G : big;
             }
         }
+#if KVD_TILE_PAIRS
+        // Tile pairs: the rows' causal positions are worked out where the masks are (tiles
+        // off the fast path), from an opaque copy of seq_len, so that they are not held over
+        // the loops: the pair body's two tiles of raw words leave no registers for them at
+        // 128 (sm_90, TurboQuant at 8 rows spilled one; the masks run on one tile per split).
+        (void)pos;
+        auto row_pos = [&](int nr, int j) {
+            int sl;
+            asm volatile("mov.b32 %0, %1;" : "=r"(sl) : "r"(seq_len));
+#if KV_MMA_PACK
+            const int r = 2 * (c & 1) + j;
+#else
+            const int r = 8 * nr + 2 * c + j;
+#endif
+            return r < R ? sl - QL + r / G : big;
+        };
+#endif
         // Q as B operands, ldmatrix.x4 over two k-steps: lane l gives row 8 nr + (l & 7),
         // dims 16 ks + 8 (l >> 3): matrices b0, b1 of ks and b0, b1 of ks + 1.
         const unsigned qh_addr = kv_smem_addr(qh_s + (lane & 7) * QSTR + 8 * (lane >> 3));
@@ -944,8 +961,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                         for (int tt = 0; tt < 2; ++tt) {
                             const int tok = t0 + tw0 + kv_mma_tok(g + 8 * tt);
+#if KVD_TILE_PAIRS
+                            const int pj = row_pos(nr, j);
+                            const bool vis = ok[tt] && tok <= pj &&
+                                             (window <= 0 || tok > pj - window);
+#else
                             const bool vis = ok[tt] && tok <= pos[nr][j] &&
                                              (window <= 0 || tok > pos[nr][j] - window);
+#endif
                             if (!vis) p[nr][j][tt] = kv_neg_inf();
                         }
                     }

@@ -66,6 +66,40 @@ if (pipe.slabs) {
             }
         }
         (void)sq;
+#ifdef PX_SEQ
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+        unsigned kraw[2][KV_MMA_KRAW];
+            kv_mma_kload(kr[h][0], c, kraw[0]);
+            kv_mma_kload(kr[h][1], c, kraw[1]);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks += 2) {
+            unsigned qh[NR][4];
+            unsigned ql[NR][4];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+                kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
+#if KV_MMA_QSPLIT && !KV_MMA_PACK
+                kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
+#endif
+            }
+            (void)ql;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+                    unsigned ah[4];
+                    kv_mma_kstep_sel(false, kraw[0], ks + u, tab_s, &ah[0], &ah[2]);
+                    kv_mma_kstep_sel(false, kraw[1], ks + u, tab_s, &ah[1], &ah[3]);
+#pragma unroll
+                    for (int nr = 0; nr < NR; ++nr) {
+                        kv_mma_f16(sc[h][nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
+#if KV_MMA_QSPLIT && !KV_MMA_PACK
+                        kv_mma_f16(sq[h][nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+#endif
+                    }
+            }
+        }
+        }
+#else
         unsigned kraw[2][2][KV_MMA_KRAW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -101,6 +135,7 @@ if (pipe.slabs) {
                 }
             }
         }
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -171,8 +206,9 @@ if (pipe.slabs) {
 #pragma unroll
                         for (int tt = 0; tt < 2; ++tt) {
                             const int tok = t0[h] + tw0 + kv_mma_tok(g + 8 * tt);
-                            const bool vis = ok[h][tt] && tok <= pos[nr][j] &&
-                                             (window <= 0 || tok > pos[nr][j] - window);
+                            const int pj = row_pos(nr, j);
+                            const bool vis = ok[h][tt] && tok <= pj &&
+                                             (window <= 0 || tok > pj - window);
                             if (!vis) p[nr][j][2 * h + tt] = kv_neg_inf();
                         }
                     }
