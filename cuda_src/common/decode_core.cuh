@@ -173,13 +173,17 @@
 // shares. Only where the registers allow it: one row tile (G * q_len <= 8; the 128-register
 // cap of four CTAs per SM) and head_dim <= 128 (two tiles' raw key and value words beside the
 // D / 2 accumulator floats). Launches that are not slabs keep the single-tile loop.
+// Not on sm_120 (KVKIT_ARCH >= 1200): its ~100 KB of shared memory per SM holds two CTAs of
+// four stages (47-55 KB) where it holds three of the single-tile build's (26-48 KB), and its
+// ptxas spilled 12-200 bytes at 128 registers with pairs (sm_90 and sm_100a: none).
 #if defined(KVKIT_DECODE_TILE_PAIRS)
 #define KVD_TILE_PAIRS_ON KVKIT_DECODE_TILE_PAIRS
 #else
 #define KVD_TILE_PAIRS_ON 0
 #endif
-#define KVD_TILE_PAIRS \
-    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= 8 && KV_HEAD_DIM <= 128)
+#define KVD_TILE_PAIRS                                                                   \
+    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= 8 && KV_HEAD_DIM <= 128 && \
+     KVKIT_ARCH < 1200)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON

@@ -66,45 +66,20 @@ if (pipe.slabs) {
             }
         }
         (void)sq;
-#ifdef PX_SEQ
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-        unsigned kraw[2][KV_MMA_KRAW];
-            kv_mma_kload(kr[h][0], c, kraw[0]);
-            kv_mma_kload(kr[h][1], c, kraw[1]);
-#pragma unroll
-        for (int ks = 0; ks < KS; ks += 2) {
-            unsigned qh[NR][4];
-            unsigned ql[NR][4];
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-                kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
-#if KV_MMA_QSPLIT && !KV_MMA_PACK
-                kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
-#endif
-            }
-            (void)ql;
-#pragma unroll
-            for (int u = 0; u < 2; ++u) {
-                    unsigned ah[4];
-                    kv_mma_kstep_sel(false, kraw[0], ks + u, tab_s, &ah[0], &ah[2]);
-                    kv_mma_kstep_sel(false, kraw[1], ks + u, tab_s, &ah[1], &ah[3]);
-#pragma unroll
-                    for (int nr = 0; nr < NR; ++nr) {
-                        kv_mma_f16(sc[h][nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
-#if KV_MMA_QSPLIT && !KV_MMA_PACK
-                        kv_mma_f16(sq[h][nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
-#endif
-                    }
-            }
-        }
-        }
-#else
         unsigned kraw[2][2][KV_MMA_KRAW];
+        float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             kv_mma_kload(kr[h][0], c, kraw[h][0]);
             kv_mma_kload(kr[h][1], c, kraw[h][1]);
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+#if KV_HAS_KMUL
+                km[h][tt] = kv_family_kmul(kr[h][tt]);
+#else
+                km[h][tt] = 1.f;
+#endif
+            }
         }
 #pragma unroll
         for (int ks = 0; ks < KS; ks += 2) {
@@ -135,7 +110,6 @@ if (pipe.slabs) {
                 }
             }
         }
-#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -161,18 +135,6 @@ if (pipe.slabs) {
             full[h] = !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
                       (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
                       (window <= 0 || t0[h] >= seq_len - window) && whp[h];
-        }
-        float km[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int tt = 0; tt < 2; ++tt) {
-#if KV_HAS_KMUL
-                km[h][tt] = kv_family_kmul(kr[h][tt]);
-#else
-                km[h][tt] = 1.f;
-#endif
-            }
         }
         float p[NR][2][4];  // [nr][j][2 h + tt]: logits, then weights
 #pragma unroll
@@ -254,12 +216,26 @@ if (pipe.slabs) {
         constexpr int NPART = KV_MMA_PACK ? 2 : 3;
         float vs[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
 #if KV_MMA_VCODES
+        // The tokens' value scale and zero from row pointers worked out again from an opaque
+        // copy of the tile index: the score's pointers (kr) would otherwise be held through
+        // the softmax (TurboQuant at 8 rows spilled on sm_90 with them).
+        const unsigned char* kv[2][2][4];
+        {
+            int io;
+            asm volatile("mov.b32 %0, %1;" : "=r"(io) : "r"(ia));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned char* s = pipe.stage(io + h);
+                pipe.rows(s, tw0 + kv_mma_tok(g), kv[h][0]);
+                pipe.rows(s, tw0 + kv_mma_tok(g + 8), kv[h][1]);
+            }
+        }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 float sc_t = 0.f, z_t = 0.f;
-                if (ok[h][tt]) kv_mma_vtok(kr[h][tt], &sc_t, &z_t);
+                if (ok[h][tt]) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
                 vs[h][tt] = sc_t;
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
