@@ -176,14 +176,20 @@
 // Not on sm_120 (KVKIT_ARCH >= 1200): its ~100 KB of shared memory per SM holds two CTAs of
 // four stages (47-55 KB) where it holds three of the single-tile build's (26-48 KB), and its
 // ptxas spilled 12-200 bytes at 128 registers with pairs (sm_90 and sm_100a: none).
+// KV_TILE_PAIRS_ROWS (a family's choice, default 8): the most query rows (G * q_len) with
+// pairs, where four stages keep a CTA within a quarter of an SM's shared memory (four CTAs per
+// SM; decode_mma.cuh checks it).
 #if defined(KVKIT_DECODE_TILE_PAIRS)
 #define KVD_TILE_PAIRS_ON KVKIT_DECODE_TILE_PAIRS
 #else
 #define KVD_TILE_PAIRS_ON 0
 #endif
-#define KVD_TILE_PAIRS                                                                   \
-    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= 8 && KV_HEAD_DIM <= 128 && \
-     KVKIT_ARCH < 1200)
+#ifndef KV_TILE_PAIRS_ROWS
+#define KV_TILE_PAIRS_ROWS 8
+#endif
+#define KVD_TILE_PAIRS                                                                 \
+    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
+     KV_HEAD_DIM <= 128 && KVKIT_ARCH < 1200)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON

@@ -249,6 +249,12 @@ constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) +
                               ? kvd::STAGES * kvd::STAGE_BYTES
                               : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
+#if KVD_TILE_PAIRS
+// Tile pairs' four stages must leave four CTAs per SM (the 128-register cap assumes them):
+// 228 KB per SM on sm_90 / sm_100, 1 KB of it reserved per CTA (KV_TILE_PAIRS_ROWS limits
+// the rows where they would not fit).
+static_assert(SMEM + 1024 <= 228 * 1024 / 4, "tile pairs: four CTAs per SM must fit");
+#endif
 }  // namespace kvm
 
 // The warp's token (0..15) at score M row / PV k index i. KV_MMA_TOKEN_SWAP: i ^ ((i / 2) % 2),

@@ -202,8 +202,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
     # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows);
     # "-pairs1": the warp pipes' tile loop two tiles at a time (KVKIT_DECODE_TILE_PAIRS=1, for
-    # A/B runs; sm_90, up to 8 query rows at head_dim <= 128: also built at G = 8, fp32 queries,
-    # where TurboQuant's pair body once spilled).
+    # A/B runs; sm_90, up to 8 query rows (TurboQuant 4) at head_dim <= 128: also built at
+    # G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),

@@ -1193,7 +1193,8 @@ def test_tile_pairs_match_the_single_tile_build(cp, name, group, q_len, block_si
     """KVKIT_DECODE_TILE_PAIRS=1 against 0: odd and even tile counts per split (1 and 3
     splits), a single (partial or full) tile, ragged ends (warps of the last tile without a
     page), pages below, at and above the 64-token tile, a window, causal q_len > 1 (the masks
-    per tile of a pair), one and 4-8 query rows (TurboQuant's packed and unpacked columns)."""
+    per tile of a pair), 1-8 query rows (TurboQuant pairs only up to 4 at head_dim 128:
+    KV_TILE_PAIRS_ROWS; above, both values build the same code)."""
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[*PAIR_LENS, 5 * block_size + 9], window=window,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
@@ -1267,15 +1268,17 @@ def test_tile_pairs_match_float64_at_every_split_count(cp, name, group, q_len, m
     check_against_reference(case)
 
 
-@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc"])
-@pytest.mark.parametrize("head_dim, group, q_len, pages", [
-    (128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"), (256, 4, 1, "hnd16"),
-])  # fmt: skip
+@pytest.mark.parametrize("name, head_dim, group, q_len, pages", [
+    (name, *shape) for name in ("nvfp4", "turboquant_4bit_nc")
+    for shape in ((128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"),
+                  (256, 4, 1, "hnd16"))
+] + [("turboquant_4bit_nc", 128, 8, 1, "hnd16"), ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
 def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len, pages,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
     token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
-    stages), 16 query rows and head_dim 256 (no pair build)."""
+    stages), 16 query rows, head_dim 256 and TurboQuant above 4 rows at head_dim 128
+    (KV_TILE_PAIRS_ROWS: no pair build)."""
     block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
