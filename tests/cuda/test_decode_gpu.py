@@ -1272,7 +1272,8 @@ def test_tile_pairs_match_float64_at_every_split_count(cp, name, group, q_len, m
     (name, *shape) for name in ("nvfp4", "turboquant_4bit_nc")
     for shape in ((128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"),
                   (256, 4, 1, "hnd16"))
-] + [("turboquant_4bit_nc", 128, 8, 1, "hnd16"), ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
+] + [("turboquant_4bit_nc", 128, 8, 1, "hnd16"),
+       ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
 def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len, pages,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
