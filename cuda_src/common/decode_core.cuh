@@ -1170,6 +1170,23 @@ struct KvTilePipe {
         rw[2] = s + kvd::SO2 + t * rs[2] + (t >> 2) * kvd::GP2;
         rw[3] = s + kvd::SO3 + t * rs[3] + (t >> 2) * kvd::GP3;
     }
+#if KVD_TILE_PAIRS
+    // rows() for slab launches (KvTilePipe::slabs): every plane is then fast, so its mode is
+    // known at compile time (kv_plane_mode: row mode for widths of whole 16-byte units, slab
+    // mode for the others) and so is its staging stride: the tile pairs' row addresses
+    // without the runtime strides' multiplications.
+    static __device__ __forceinline__ void rows_slabs(const unsigned char* s, int t,
+                                                      const unsigned char** rw) {
+        constexpr int R0 = KV_P0_BYTES % 16 == 0 ? kvd::WP0 : KV_P0_BYTES;
+        constexpr int R1 = KV_P1_BYTES % 16 == 0 ? kvd::WP1 : KV_P1_BYTES;
+        constexpr int R2 = KV_P2_BYTES % 16 == 0 ? kvd::WP2 : KV_P2_BYTES;
+        constexpr int R3 = KV_P3_BYTES % 16 == 0 ? kvd::WP3 : KV_P3_BYTES;
+        rw[0] = s + t * R0 + (t >> 2) * kvd::GP0;
+        rw[1] = s + kvd::SO1 + t * R1 + (t >> 2) * kvd::GP1;
+        rw[2] = s + kvd::SO2 + t * R2 + (t >> 2) * kvd::GP2;
+        rw[3] = s + kvd::SO3 + t * R3 + (t >> 2) * kvd::GP3;
+    }
+#endif
     template <bool FAST, bool SUB = false, bool RUNS = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,

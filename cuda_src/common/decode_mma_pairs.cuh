@@ -50,8 +50,8 @@ if (pipe.slabs) {
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
             const unsigned char* s = pipe.stage(ia + h);
-            pipe.rows(s, tw0 + kv_mma_tok(g), kr[h][0]);
-            pipe.rows(s, tw0 + kv_mma_tok(g + 8), kr[h][1]);
+            pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kr[h][0]);
+            pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kr[h][1]);
         }
 
         // (a2) pair scores: S^T = K Q^T for both tiles; each query fragment loaded once.
@@ -226,8 +226,8 @@ if (pipe.slabs) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const unsigned char* s = pipe.stage(io + h);
-                pipe.rows(s, tw0 + kv_mma_tok(g), kv[h][0]);
-                pipe.rows(s, tw0 + kv_mma_tok(g + 8), kv[h][1]);
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kv[h][0]);
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kv[h][1]);
             }
         }
 #pragma unroll
@@ -294,7 +294,7 @@ if (pipe.slabs) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];
-                pipe.rows(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
                 kv_mma_vload(rv, g, vraw[h][k]);
             }
 #if !KV_MMA_VCODES
