@@ -26,7 +26,7 @@
 static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
                   !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
               "tile pairs: warp pipes with register keys and values only (sm_90+ slabs)");
-static_assert(STAGES == 4 && STAGES % 2 == 0, "tile pairs: 4 stages (decode_core.cuh)");
+static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
 #pragma unroll 1
