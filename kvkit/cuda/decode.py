@@ -52,8 +52,8 @@ entry per tile in registers, a warp barrier per tile; the warps meet at the end 
 same bits: all for A/B runs); ``KVKIT_DECODE_TILE_PAIRS=1`` makes the warp pipes' tile loop
 take two tiles per iteration (one online-softmax update over a warp's 32 tokens, 4 stages;
 float32 operations in another order, so not the same bits as ``0``, the default; sm_90 and
-sm_100, G * q_len <= 8 (TurboQuant: 4 at head_dim 128), head_dim <= 128). On sm_90+ stage 2 is launched with programmatic
-stream serialization
+sm_100, G * q_len <= 8 (TurboQuant: 4 at head_dim 128), head_dim <= 128). On sm_90+ stage 2
+is launched with programmatic stream serialization
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
