@@ -339,8 +339,8 @@ _FAMILY_SWITCHES = (
     # (1) or the CTA-wide tile barrier (0) (decode_core.cuh KVD_WARP_PIPE).
     ("KVKIT_DECODE_WARP_PIPE", ("0", "1"), ("nvfp4", "turboquant")),
     # The warp pipes' tile loop two tiles per iteration (1) or one (0, the default)
-    # (decode_mma.cuh KVD_TILE_PAIRS): one softmax update and one fresh-accumulator add per
-    # 32 tokens of a warp.
+    # (decode_core.cuh KVD_TILE_PAIRS, decode_mma_pairs.cuh): one softmax update and one
+    # fresh-accumulator add per 32 tokens of a warp.
     ("KVKIT_DECODE_TILE_PAIRS", ("0", "1"), ("nvfp4", "turboquant")),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
