@@ -356,6 +356,58 @@ __device__ __forceinline__ unsigned char* kv_tq_store_codes(unsigned char* dst, 
 #define TQ_TABLES , s_mid, s_cent
 #endif
 
+#if TQ_KEY_FP8 && KV_IN_DTYPE == 1
+// Variant 5's FP8 key bytes of a lane (float16 inputs; the caller checked that k_scale b is in
+// [KV_DIV_F16_LO, KV_DIV_F16_HI] and every half of kw is finite). Per input word (two halves,
+// elements i, i + 1 of the row) one 16-bit unit: the spec's bytes e4m3_satfinite(a / b) are
+// sign(a) | e4m3 magnitude of RN(|a| / b) (b > 0: IEEE division's sign rule, zeros included),
+// and RN(|a| / b) is finite, so the magnitudes come from kv_e4m3x2_mag and the signs from bit
+// 15 of each half (bytes 1 and 3 of the word): write_dense.cu kv_fp8_fast_words, whose
+// quotient kv_div_by_unchecked(|a|, kv_divisor(b)) == __fdiv_rn(|a|, b) for every finite half
+// and such b (divide.cuh KV_DIV_F16_LO; tests/formats/test_fp8_fast_chunk.py). POW2 (b = 2^e,
+// -16 <= e <= 16): y = RN(1 / b) = 2^-e exactly and |a| y = |a| 2^-e is a float (|a| is 0 or
+// in [2^-24, 65504] with 11 significant bits: the product lies in [2^-40, 2^32], normal), so
+// RN(|a| y) = |a| / b = RN(|a| / b): one multiply.
+template <bool POW2, bool EVEN>
+__device__ __forceinline__ void kv_tq_fp8_keys_fast(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                                    float k_scale, unsigned char* dst, int p, bool active) {
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
+    // b in [2^-16, 2^16]: kv_divisor's ok holds; for b = 2^e, RN(1 / b) = 2^-e, whose bits are
+    // (127 - e) << 23 = 0x7F000000 - bits(b).
+    KvDivisor dv;
+    dv.b = k_scale;
+    dv.ok = true;
+    dv.y = POW2 ? __uint_as_float(0x7F000000u - __float_as_uint(k_scale)) : __frcp_rn(k_scale);
+    unsigned int out[R][W];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            float q[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const unsigned short hs = (unsigned short)(kw[r][w] >> (16 * i));
+                float a;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(hs));  // exact
+                q[i] = POW2 ? __fmul_rn(fabsf(a), dv.y) : kv_div_by_unchecked(fabsf(a), dv);
+            }
+            const unsigned int mag = kv_e4m3x2_mag(q[0], q[1]);
+            const unsigned int sign = __byte_perm(kw[r][w], 0u, 0x0031u);  // bytes 1, 3 -> 0, 1
+            // (mag & ~0x8080) | (sign & 0x8080) in one LOP3 (lut 0xB8, as kv_fp8_fast_words)
+            asm("lop3.b32 %0, %1, %2, %3, 0xB8;" : "=r"(out[r][w]) : "r"(mag), "r"(0x80808080u), "r"(sign));
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = 0; w < W; ++w) kv_tq_store16(dst, (p + L * r) * TQ_E + 2 * w, out[r][w], EVEN);
+    }
+}
+#endif
+
 // kv_tq_rows's key half (K: codes and norm, or FP8 bytes) and value half; same arguments.
 template <bool EVEN>
 __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
@@ -368,6 +420,33 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
     float x[R][TQ_E];
     KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- K ----
+#if TQ_KEY_FP8 && TQ_VARIANT >= 5 && KV_IN_DTYPE == 1
+    // Variant 5's FP8 keys for float16 inputs: the dense fp8 write's fast chunk (write_dense.cu
+    // kv_fp8_fast_words, CPU check tests/formats/test_fp8_fast_chunk.py) where k_scale is in
+    // [2^-16, 2^16] (kernel-uniform) and every half of the lane's key words is finite; else (per
+    // lane) the path below. kv_tq_fp8_keys_fast has the argument.
+    {
+        // Non-finite halves: x * 0 + acc in float16 pairs is +-0 for finite x and NaN (sticky)
+        // for an infinite or NaN x, so acc's halves are both +-0 iff every half is finite. One
+        // fma per word, where the integer test ((w & 0x7FFF7FFF) + 0x04000400) took three.
+        unsigned int acc = 0u;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = 0; w < KvInputWords<KV_IN_DTYPE, TQ_E>::n; ++w)
+                asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(kw[r][w]), "r"(0u));
+        if (k_scale >= KV_DIV_F16_LO && k_scale <= KV_DIV_F16_HI && (acc & 0x7FFF7FFFu) == 0u) {
+            // A power-of-two scale (the default 1 included; kernel-uniform): |a| / b = |a| y
+            // exactly (below), one multiply per element instead of kv_div_by_unchecked's five.
+            if ((__float_as_uint(k_scale) & 0x007FFFFFu) == 0u) {
+                kv_tq_fp8_keys_fast<true, EVEN>(kw, k_scale, dst, p, active);
+            } else {
+                kv_tq_fp8_keys_fast<false, EVEN>(kw, k_scale, dst, p, active);
+            }
+            return;
+        }
+    }
+#endif
 #if TQ_VARIANT >= 3 && TQ_SIGN_WORDS
     {
         constexpr KvTqSignWords sw = kv_tq_sign_words();
@@ -629,7 +708,37 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         // the scale is out of kv_divisor's range (row-uniform).
         const KvDivisor dv = kv_divisor(scale);
         bool done = false;  // c holds the spec's codes
-#if TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
+        if (dv.ok) {
+            // Near decisions, variant 5 (kvkit/formats/arch_models.py tq_near_value_codes_v5,
+            // where the proof is): with a = RN(v - lo) >= 0 and the row's r1 = RN(r (1 + 2^-17))
+            // > r > r2 = RN(r (1 - 2^-17)), g_i = RN(a r_i + 1.5 * 2^23) hold rint(a r_i) in
+            // their low bits (the products exact); where g1 == g2, every point of [a r2, a r1]
+            // rounds to the same k, so a r is at least a (r - r2) ~ 2^-17 a r from every
+            // half-integer, far more than the spec's Z = RN(RN(w) + 0.5) strays from a r + 1/2
+            // (< 2^-21.5 w): floor(Z) = k. Three float instructions and a compare per element
+            // where variant 3 took four and a compare (the comparison is the near test). A NaN
+            // element gives NaN g's, which compare unequal: not ok. Codes packed from g1's bits.
+            const float r1 = __fmul_rn(dv.y, 1.0f + 0x1p-17f);
+            const float r2 = __fmul_rn(dv.y, 1.0f - 0x1p-17f);
+            bool ok = true;
+            constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                unsigned int pc = 0u;
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float a = __fsub_rn(x[r][j], vlo);
+                    const float g1 = __fmaf_rn(a, r1, TQ_RINT_MAGIC);
+                    const float g2 = __fmaf_rn(a, r2, TQ_RINT_MAGIC);
+                    pc = j == 0 ? __float_as_uint(g1) : pc + (__float_as_uint(g1) << (TQ_VALUE_BITS * j));
+                    ok = ok && g1 == g2;
+                }
+                c[r] = (KvTqPiece)(pc - junk);
+            }
+            done = ok;
+        }
+#elif TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
         if (dv.ok) {
             // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_value_codes_v3,
             // where the proof is): with a = RN(v - lo) (the spec's) and r = RN(1 / scale),

@@ -49,7 +49,7 @@ RULES = [
     (r"if \(!done\)", r".", r".", True),  # the near decisions held (variant 2)
     (r"if \(dv\.ok\)", r"FSETP\.GE\.AND", r"^@!P", False),
     (r"if \(dv\.ok\)", r"FSETP\.GTU", r"^@!P", True),
-    (r"d\.y = __frcp_rn", r".", r"^@P", True),  # reciprocal: exponent in the fast range
+    (r"\.y = (POW2 \? .* : )?__frcp_rn", r".", r"^@P", True),  # reciprocal: exponent in the fast range
     (r"if \(!ok\)", r".", r"^@P", True),
     # Stores by some lanes of the warp (lane 0 of a row, the packing groups' store lanes, FP8
     # key bytes of active rows): the warp issues the body, so the walk goes through it. (A
@@ -62,7 +62,10 @@ RULES = [
     (r"if \(vlo == 0.0f \|\| vhi == 0.0f\)", r"FSETP\.NEU", r"^@P\d BRA P", True),
     # variant 4: the same test, warp-uniform (no row with a zero extreme: skipped)
     (r"if \(__any_sync\(KV_FULL_WARP, vlo == 0.0f", r"VOTE\.ANY", r"^@!P", True),
+    # variant 5, FP8 keys of float16 inputs: k_scale in range and every half finite (fast path)
+    (r"if \(k_scale >= KV_DIV_F16_LO", r"LOP3", r"^@!P\d BRA P", True),
 ]
+# (variant 5's power-of-two k_scale branch, FP8 keys: added by main from --k-scale)
 
 #: phase markers: (text of a source line, phase from that line on), searched from kv_tq_keys
 PHASES = [
@@ -176,7 +179,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="0,1,2", help="KVKIT_WRITE_TQ_VARIANT values")
     ap.add_argument("--show", action="store_true", help="print the path")
     ap.add_argument("--branches", action="store_true", help="print every branch decision")
+    ap.add_argument("--k-scale", default="pow2", choices=("pow2", "general"),
+                    help="variant 5's FP8-key branch on a power-of-two k_scale (the default 1)")
     args = ap.parse_args(argv)
+    pow2 = args.k_scale == "pow2"
+    # LOP3.LUT P, RZ, bits(k_scale), 0x7fffff: P = mantissa nonzero (not a power of two)
+    RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@!P", pow2))
+    RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@P", not pow2))
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
         for v in args.variants.split(","):

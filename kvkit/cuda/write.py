@@ -227,7 +227,13 @@ TQ_VARIANT_DEFAULT = 3
 #: within the noise or worse in one of the two (write_ab k3v4 1.308 -> 1.448 with a 1.18-1.56
 #: spread; run.py 1.288 -> 1.259), so they keep 3 until a cleaner measurement.
 TQ_VARIANT_DEFAULT_3BIT = 4
-TQ_VARIANTS = (0, 1, 2, 3, 4)
+#: 5 (session 14 helper, branch tqw6; compiled, not run) = 4 plus: FP8 keys of float16 inputs by
+#: the dense fp8 write's fast chunk (k_scale in [2^-16, 2^16] and every half of the lane's key
+#: words finite, tested by one float16x2 fma per word; one multiply per element for a
+#: power-of-two k_scale such as the default 1), and value codes from two fmas with the row's
+#: reciprocal nudged by +-2^-17 (equal results are the near test; arch_models
+#: tq_near_value_codes_v5). benchmarks/NOTES.md "tqw6".
+TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
