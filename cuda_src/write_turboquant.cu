@@ -81,6 +81,15 @@
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
 #define TQ_NAN_PAYLOAD (TQ_VARIANT == 0)
+// Variant 5's parts that can be switched off one by one (TQ_V5_* launch defines, for A/B
+// sweeps; kvkit/cuda/write.py passes none, so all are on): the min / max of float16 value words
+// by min / max.f16x2 (TQ_V5_HMINMAX) and the key squares by one IMAD (TQ_V5_SQ).
+#ifndef TQ_V5_HMINMAX
+#define TQ_V5_HMINMAX (TQ_VARIANT >= 5 && KV_IN_DTYPE == 1)
+#endif
+#ifndef TQ_V5_SQ
+#define TQ_V5_SQ (TQ_VARIANT >= 5)
+#endif
 #if !defined(TQ_MIN_CTAS) || !defined(TQ_MIN_CTAS_SM90)
 #error "write_turboquant.cu needs TQ_MIN_CTAS and TQ_MIN_CTAS_SM90 (launch bounds' minimum CTAs)"
 #endif
@@ -534,7 +543,15 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const unsigned int code = e.y + (__float_as_uint(d) >> 31);
                     c[r] = j == 0 ? (KvTqPiece)code : c[r] + ((KvTqPiece)code << (TQ_KEY_BITS * j));
                     ok = ok && !(fabsf(d) <= TQ_NEAR_KEY);
+#if TQ_V5_SQ
+                    // c[code]^2's bits as X + code * D (the table's variant-5 fields, see the
+                    // fill): one IMAD on the code where a comparison and a select took two.
+                    unsigned int cq;  // opaque: kept as one IMAD on the code
+                    asm("mov.b32 %0, %1;" : "=r"(cq) : "r"(code));
+                    const float sq = __uint_as_float(e.z + cq * e.w);
+#else
                     const float sq = d < 0.0f ? __uint_as_float(e.w) : __uint_as_float(e.z);
+#endif
                     acc[r] = j == 0 ? sq : __fadd_rn(acc[r], sq);
                 }
             }
@@ -616,7 +633,15 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const KvTqCell e = kv_tq_cell(y, s_cell);
                     const bool up = __uint_as_float(e.mid) <= y;
                     TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, e.base + (up ? 1 : 0));
+#if TQ_V5_SQ
+                    // The table holds X and D here (see the fill); this rare path squares the
+                    // centroid from constant memory instead: the table's lo2 / hi2 are the same
+                    // float32 products c[idx] * c[idx] (kvkit/formats/arch_models.py BucketTable).
+                    const float cc = kTqCentroids[e.base + (up ? 1 : 0)];
+                    const float sq = __fmul_rn(cc, cc);
+#else
                     const float sq = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
+#endif
 #else
                     // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
                     // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
@@ -665,6 +690,25 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
     // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
     // can differ, in its sign: then it is the first zero element of the row (every element
     // before it is NaN or on the far side of it, every later zero compares equal).
+#if TQ_V5_HMINMAX
+    // Variant 5, float16 inputs: the lane's NaN-ignoring min / max on the raw words, two halves
+    // per instruction (min / max.f16x2 without .NaN return the non-NaN operand, a NaN only when
+    // both are; the widening is exact and monotone, so the widened result is fminf / fmaxf of
+    // the widened elements, up to the sign of a zero extreme, which the fix-up below sets).
+    float vlo, vhi;
+    {
+        unsigned int mn = vw[0][0], mx = vw[0][0];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = (r == 0 ? 1 : 0); w < KvInputWords<KV_IN_DTYPE, TQ_E>::n; ++w) {
+                asm("min.f16x2 %0, %0, %1;" : "+r"(mn) : "r"(vw[r][w]));
+                asm("max.f16x2 %0, %0, %1;" : "+r"(mx) : "r"(vw[r][w]));
+            }
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; min.f16 l, l, h; cvt.f32.f16 %0, l; }" : "=f"(vlo) : "r"(mn));
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; max.f16 l, l, h; cvt.f32.f16 %0, l; }" : "=f"(vhi) : "r"(mx));
+    }
+#else
     float vlo = x[0][0], vhi = x[0][0];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -673,6 +717,7 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             vlo = fminf(vlo, x[r][j]);
             vhi = fmaxf(vhi, x[r][j]);
         }
+#endif
 #pragma unroll
     for (int m = 1; m < L; m <<= 1) {
         vlo = fminf(vlo, __shfl_xor_sync(KV_FULL_WARP, vlo, m));
@@ -913,7 +958,20 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
 #pragma unroll
     for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
         const int i = i0 + (int)threadIdx.x;
-        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
+        if (i < TQ_BKT_CELLS) {
+#if TQ_V5_SQ
+            // Variant 5's squares by one multiply-add on bits (kv_tq_keys): lo2 / hi2 become
+            // X = bits(lo2) - base * D and D = bits(hi2) - bits(lo2) (mod 2^32), so that
+            // X + code * D = bits(lo2) for code = base and bits(hi2) for code = base + 1.
+            KvTqCell e = kTqCells[i];
+            const unsigned int lo = __float_as_uint(e.lo2), dd = __float_as_uint(e.hi2) - lo;
+            e.lo2 = __uint_as_float(lo - (unsigned int)e.base * dd);
+            e.hi2 = __uint_as_float(dd);
+            s_cell[i] = e;
+#else
+            s_cell[i] = kTqCells[i];
+#endif
+        }
     }
     __syncthreads();
 #elif !TQ_KEY_FP8

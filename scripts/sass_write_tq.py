@@ -64,6 +64,7 @@ RULES = [
     (r"if \(__any_sync\(KV_FULL_WARP, vlo == 0.0f", r"VOTE\.ANY", r"^@!P", True),
     # variant 5, FP8 keys of float16 inputs: k_scale in range and every half finite (fast path)
     (r"if \(k_scale >= KV_DIV_F16_LO", r"LOP3", r"^@!P\d BRA P", True),
+    (r"if \(i < TQ_BKT_CELLS\)", r".", r".", False),  # variant 5's table fill: the warp runs it
 ]
 # (variant 5's power-of-two k_scale branch, FP8 keys: added by main from --k-scale)
 
@@ -89,6 +90,10 @@ PHASES = [
 ]
 
 
+#: --define NAME=VALUE: extra launch defines (e.g. variant 5's TQ_V5_* switches)
+EXTRA_DEFINES: dict[str, str] = {}
+
+
 def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str, str]:
     """(nvdisasm -gi text, inlined source, ptxas -v log) of one build."""
     from kvkit.cuda.write import tq_launch_defines
@@ -99,6 +104,7 @@ def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str
         defines = dict(fmt.cuda_defines())
         defines.update(KV_IN_DTYPE=dtype, KV_SLOT_T=slot)
         defines.update(tq_launch_defines(fmt, dtype))
+        defines.update(EXTRA_DEFINES)
     finally:
         if old is None:
             del os.environ["KVKIT_WRITE_TQ_VARIANT"]
@@ -181,7 +187,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--branches", action="store_true", help="print every branch decision")
     ap.add_argument("--k-scale", default="pow2", choices=("pow2", "general"),
                     help="variant 5's FP8-key branch on a power-of-two k_scale (the default 1)")
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE extra define")
     args = ap.parse_args(argv)
+    EXTRA_DEFINES.update(d.split("=", 1) for d in args.define)
     pow2 = args.k_scale == "pow2"
     # LOP3.LUT P, RZ, bits(k_scale), 0x7fffff: P = mantissa nonzero (not a power of two)
     RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@!P", pow2))

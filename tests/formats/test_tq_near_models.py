@@ -136,10 +136,12 @@ def _spec_value_codes(v, bits):
 
 
 # The write kernel's near value decisions: variant 2 (tq_near_value_codes) and variant 3 and
-# later (tq_near_value_codes_v3, which also returns the fma's bit pattern): (codes, ok) each.
+# later (tq_near_value_codes_v3, which also returns the fma's bit pattern) and variant 5
+# (tq_near_value_codes_v5, two nudged reciprocals): (codes, ok) each.
 VALUE_MODELS = {
     "v2": lambda v, bits: arch_models.tq_near_value_codes(v, bits, V_SCALE_FLOOR),
     "v3": lambda v, bits: arch_models.tq_near_value_codes_v3(v, bits, V_SCALE_FLOOR)[::2],
+    "v5": lambda v, bits: arch_models.tq_near_value_codes_v5(v, bits, V_SCALE_FLOOR)[::2],
 }
 
 
