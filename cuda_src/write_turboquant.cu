@@ -83,12 +83,13 @@
 #define TQ_NAN_PAYLOAD (TQ_VARIANT == 0)
 // Variant 5's parts that can be switched off one by one (TQ_V5_* launch defines, for A/B
 // sweeps; kvkit/cuda/write.py passes none, so all are on): the min / max of float16 value words
-// by min / max.f16x2 (TQ_V5_HMINMAX) and the key squares by one IMAD (TQ_V5_SQ).
+// by min / max.f16x2 (TQ_V5_HMINMAX).
 #ifndef TQ_V5_HMINMAX
 #define TQ_V5_HMINMAX (TQ_VARIANT >= 5 && KV_IN_DTYPE == 1)
 #endif
-#ifndef TQ_V5_SQ
-#define TQ_V5_SQ (TQ_VARIANT >= 5)
+// The key squares by one IMAD (variant 5) come with the launcher's table (TQ_BKT_IMAD_SQ=1).
+#ifndef TQ_BKT_IMAD_SQ
+#define TQ_BKT_IMAD_SQ 0
 #endif
 #if !defined(TQ_MIN_CTAS) || !defined(TQ_MIN_CTAS_SM90)
 #error "write_turboquant.cu needs TQ_MIN_CTAS and TQ_MIN_CTAS_SM90 (launch bounds' minimum CTAs)"
@@ -136,8 +137,16 @@ __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 struct __align__(16) KvTqCell {
     unsigned int mid;  // float32 bits of the cell's midpoint, or a NaN
     int base;          // midpoints in lower cells
+#if TQ_BKT_IMAD_SQ
+    // Variant 5 (kvkit/cuda/write.py _tq_bucket_defines imad_squares): with lo2 / hi2 as below,
+    // x = bits(lo2) - base * dl and dl = bits(hi2) - bits(lo2) (mod 2^32), so x + code * dl is
+    // bits(lo2) for code = base and bits(hi2) for code = base + 1.
+    unsigned int x;
+    unsigned int dl;
+#else
     float lo2;         // c[base]^2 (float32 product): the centroid's square when y < mid
     float hi2;         // c[base + 1]^2 (c[base]^2 without a midpoint): when mid <= y
+#endif
 };
 __constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
 
@@ -216,6 +225,26 @@ __host__ __device__ constexpr unsigned int kv_tq_magic_junk() {
 
 
 #define TQ_REG (KV_HEAD_DIM % 64 == 0)
+
+// The slot's float16 scalars (key norm, value scale and zero): kv_f16_bits_sat's bits
+// (codecs.f16_bits(x, saturate=True): |x| clamped to 65504, then RN; every NaN -> 0x7E00).
+// Variant 5 (TQ_V5_F16SAT): cvt.rn.satfinite.f16.f32 is RN to float16 with a result that would
+// be infinite replaced by the largest finite value of its sign, which is the clamp-then-RN
+// rule (65504 < |x| < 65520 rounds to 65504 either way; RN(x) is infinite exactly where the
+// clamp applies beyond that, +-inf included); a NaN x, whose result is some NaN, is selected
+// to 0x7E00. Three instructions where kv_f16_bits_sat's hardware path took seven.
+#ifndef TQ_V5_F16SAT
+#define TQ_V5_F16SAT (TQ_VARIANT >= 5 && KVKIT_HW_F16)
+#endif
+__device__ __forceinline__ unsigned int kv_tq_f16_bits_sat(float x) {
+#if TQ_V5_F16SAT
+    unsigned short h;
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return x != x ? 0x7E00u : (unsigned int)h;
+#else
+    return kv_f16_bits_sat(x);
+#endif
+}
 
 #if TQ_REG
 // Slot stores: 16-bit units at even byte offsets (every field of a slot starts at an even
@@ -543,9 +572,9 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const unsigned int code = e.y + (__float_as_uint(d) >> 31);
                     c[r] = j == 0 ? (KvTqPiece)code : c[r] + ((KvTqPiece)code << (TQ_KEY_BITS * j));
                     ok = ok && !(fabsf(d) <= TQ_NEAR_KEY);
-#if TQ_V5_SQ
-                    // c[code]^2's bits as X + code * D (the table's variant-5 fields, see the
-                    // fill): one IMAD on the code where a comparison and a select took two.
+#if TQ_BKT_IMAD_SQ
+                    // c[code]^2's bits as x + code * dl (the variant-5 table, KvTqCell): one
+                    // IMAD on the code where a comparison and a select took two.
                     unsigned int cq;  // opaque: kept as one IMAD on the code
                     asm("mov.b32 %0, %1;" : "=r"(cq) : "r"(code));
                     const float sq = __uint_as_float(e.z + cq * e.w);
@@ -633,8 +662,8 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const KvTqCell e = kv_tq_cell(y, s_cell);
                     const bool up = __uint_as_float(e.mid) <= y;
                     TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, e.base + (up ? 1 : 0));
-#if TQ_V5_SQ
-                    // The table holds X and D here (see the fill); this rare path squares the
+#if TQ_BKT_IMAD_SQ
+                    // The table holds x and dl here (KvTqCell); this rare path squares the
                     // centroid from constant memory instead: the table's lo2 / hi2 are the same
                     // float32 products c[idx] * c[idx] (kvkit/formats/arch_models.py BucketTable).
                     const float cc = kTqCentroids[e.base + (up ? 1 : 0)];
@@ -667,7 +696,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
         if (active && p == 0) {  // d0 == dst on this lane
             float ratio = 0.0f;
             if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
-            kv_tq_store16(d0, TQ_KEY_NORM_OFFSET, kv_f16_bits_sat(ratio), even);
+            kv_tq_store16(d0, TQ_KEY_NORM_OFFSET, kv_tq_f16_bits_sat(ratio), even);
         }
     }
 #endif
@@ -869,8 +898,8 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
     unsigned char* const d0 = dst;
 #endif
     if (active && p == 0) {  // d0 == dst on this lane
-        kv_tq_store16(d0, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
-        kv_tq_store16(d0, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
+        kv_tq_store16(d0, TQ_VALUE_SCALE_OFFSET, kv_tq_f16_bits_sat(scale), even);
+        kv_tq_store16(d0, TQ_VALUE_ZERO_OFFSET, kv_tq_f16_bits_sat(vlo), even);
         for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) d0[j] = 0;  // pad
     }
 }
@@ -958,20 +987,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
 #pragma unroll
     for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
         const int i = i0 + (int)threadIdx.x;
-        if (i < TQ_BKT_CELLS) {
-#if TQ_V5_SQ
-            // Variant 5's squares by one multiply-add on bits (kv_tq_keys): lo2 / hi2 become
-            // X = bits(lo2) - base * D and D = bits(hi2) - bits(lo2) (mod 2^32), so that
-            // X + code * D = bits(lo2) for code = base and bits(hi2) for code = base + 1.
-            KvTqCell e = kTqCells[i];
-            const unsigned int lo = __float_as_uint(e.lo2), dd = __float_as_uint(e.hi2) - lo;
-            e.lo2 = __uint_as_float(lo - (unsigned int)e.base * dd);
-            e.hi2 = __uint_as_float(dd);
-            s_cell[i] = e;
-#else
-            s_cell[i] = kTqCells[i];
-#endif
-        }
+        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
     }
     __syncthreads();
 #elif !TQ_KEY_FP8

@@ -49,7 +49,8 @@ RULES = [
     (r"if \(!done\)", r".", r".", True),  # the near decisions held (variant 2)
     (r"if \(dv\.ok\)", r"FSETP\.GE\.AND", r"^@!P", False),
     (r"if \(dv\.ok\)", r"FSETP\.GTU", r"^@!P", True),
-    (r"\.y = (POW2 \? .* : )?__frcp_rn", r".", r"^@P", True),  # reciprocal: exponent in the fast range
+    # reciprocal: exponent in the fast range
+    (r"\.y = (POW2 \? .* : )?__frcp_rn", r".", r"^@P", True),
     (r"if \(!ok\)", r".", r"^@P", True),
     # Stores by some lanes of the warp (lane 0 of a row, the packing groups' store lanes, FP8
     # key bytes of active rows): the warp issues the body, so the walk goes through it. (A
@@ -185,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="0,1,2", help="KVKIT_WRITE_TQ_VARIANT values")
     ap.add_argument("--show", action="store_true", help="print the path")
     ap.add_argument("--branches", action="store_true", help="print every branch decision")
-    ap.add_argument("--k-scale", default="pow2", choices=("pow2", "general"),
-                    help="variant 5's FP8-key branch on a power-of-two k_scale (the default 1)")
+    ap.add_argument(
+        "--k-scale",
+        default="pow2",
+        choices=("pow2", "general"),
+        help="variant 5's FP8-key branch on a power-of-two k_scale (the default 1)",
+    )
     ap.add_argument("--define", action="append", default=[], help="NAME=VALUE extra define")
     args = ap.parse_args(argv)
     EXTRA_DEFINES.update(d.split("=", 1) for d in args.define)

@@ -302,7 +302,8 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
 
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
 @pytest.mark.parametrize(
-    "arch, variant", [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")]
+    "arch, variant",
+    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
 )
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 and 3 (the default): no shuffle / vote runs under a branch that
