@@ -505,18 +505,34 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
-        const KvDivisor dv = kv_divisor(k_scale);
-        bool ok = dv.ok;
         float y[R][TQ_E];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
-        if (!ok) {
+#if TQ_VARIANT >= 5
+        // Variant 5: k_scale = 2^e with -126 <= e <= 126 (kernel-uniform; the default 1): y = 2^-e
+        // (bits 0x7F000000 - bits(b)) is exactly 1 / b, so x y is the real x / b and RN(x y) =
+        // RN(x / b) for every x (subnormal results, overflow, zeros, inf and NaN alike: the
+        // kernels keep denormals), one multiply per element.
+        const unsigned int kb = __float_as_uint(k_scale);
+        if ((kb & 0x007FFFFFu) == 0u && kb - 0x00800000u <= 0x7E000000u) {
+            const float ky = __uint_as_float(0x7F000000u - kb);
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
-                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], k_scale);
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fmul_rn(x[r][j], ky);
+        } else
+#endif
+        {
+            const KvDivisor dv = kv_divisor(k_scale);
+            bool ok = dv.ok;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
+            if (!ok) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], k_scale);
+            }
         }
         if (active) {
 #pragma unroll

@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     # LOP3.LUT P, RZ, bits(k_scale), 0x7fffff: P = mantissa nonzero (not a power of two)
     RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@!P", pow2))
     RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@P", not pow2))
+    # variant 5's generic FP8 keys (bfloat16 / float32 inputs): the same test on kb
+    RULES.append((r"if \(\(kb & 0x007FFFFFu\) == 0u", r".", r"^@!P", pow2))
+    RULES.append((r"if \(\(kb & 0x007FFFFFu\) == 0u", r".", r"^@P", not pow2))
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
         for v in args.variants.split(","):
