@@ -804,21 +804,27 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         // (v - lo) / scale: kv_div_by_unchecked with the row's reciprocal (v - lo is in
         // [0, 15.01 scale] or NaN, and only the code is kept: see divide.cuh), __fdiv_rn when
         // the scale is out of kv_divisor's range (row-uniform).
-        const KvDivisor dv = kv_divisor(scale);
         bool done = false;  // c holds the spec's codes
 #if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
-        if (dv.ok) {
+        {
             // Near decisions, variant 5 (kvkit/formats/arch_models.py tq_near_value_codes_v5,
-            // where the proof is): with a = RN(v - lo) >= 0 and the row's r1 = RN(r (1 + 2^-17))
+            // where the proof is): with a = RN(v - lo) >= 0, r within 2^-22 (relative) of
+            // 1 / scale (rcp.approx: at most 1 ulp off; scale >= the floor 1e-8 is normal, and
+            // <= (2^128 / 15) or +inf, so r is normal or 0) and the row's r1 = RN(r (1 + 2^-17))
             // > r > r2 = RN(r (1 - 2^-17)), g_i = RN(a r_i + 1.5 * 2^23) hold rint(a r_i) in
             // their low bits (the products exact); where g1 == g2, every point of [a r2, a r1]
             // rounds to the same k, so a r is at least a (r - r2) ~ 2^-17 a r from every
             // half-integer, far more than the spec's Z = RN(RN(w) + 0.5) strays from a r + 1/2
-            // (< 2^-21.5 w): floor(Z) = k. Three float instructions and a compare per element
-            // where variant 3 took four and a compare (the comparison is the near test). A NaN
-            // element gives NaN g's, which compare unequal: not ok. Codes packed from g1's bits.
-            const float r1 = __fmul_rn(dv.y, 1.0f + 0x1p-17f);
-            const float r2 = __fmul_rn(dv.y, 1.0f - 0x1p-17f);
+            // (< 2^-20.5 w): floor(Z) = k. Three float instructions and a compare per element
+            // where variant 3 took four and a compare (the comparison is the near test), and
+            // one MUFU for the row where kv_divisor took a dozen (the exact path below computes
+            // it). A NaN element gives NaN g's, which compare unequal: not ok. Codes packed
+            // from g1's bits. scale = +inf (r = 0): every finite element gets code 0, the
+            // spec's (w = 0); an infinite one gives NaN g's.
+            float rq;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rq) : "f"(scale));
+            const float r1 = __fmul_rn(rq, 1.0f + 0x1p-17f);
+            const float r2 = __fmul_rn(rq, 1.0f - 0x1p-17f);
             bool ok = true;
             constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
 #pragma unroll
@@ -836,6 +842,10 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             }
             done = ok;
         }
+#else
+        const KvDivisor dv = kv_divisor(scale);
+#endif
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
 #elif TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
         if (dv.ok) {
             // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_value_codes_v3,
@@ -888,6 +898,9 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         }
 #endif
         if (!done) {
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
+            const KvDivisor dv = kv_divisor(scale);
+#endif
             float y[R][TQ_E];
             if (dv.ok) {
 #pragma unroll

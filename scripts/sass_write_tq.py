@@ -66,6 +66,8 @@ RULES = [
     # variant 5, FP8 keys of float16 inputs: k_scale in range and every half finite (fast path)
     (r"if \(k_scale >= KV_DIV_F16_LO", r"LOP3", r"^@!P\d BRA P", True),
     (r"if \(i < TQ_BKT_CELLS\)", r".", r".", False),  # variant 5's table fill: the warp runs it
+    # the key near test as a branch to the exact path (variant 5 builds): not near
+    (r"ok = ok && !\(fabsf\(d\) <= TQ_NEAR_KEY\)", r"FSETP", r"^@!P", False),
 ]
 # (variant 5's power-of-two k_scale branch, FP8 keys: added by main from --k-scale)
 
@@ -82,7 +84,7 @@ PHASES = [
     ("// ---- V ----", "widen"),
     ("float vlo = x[0][0]", "V min/max"),
     ("const float top = (float)TQ_V_TOP;", "V scale"),
-    ("const KvDivisor dv = kv_divisor(scale);", "V quantize"),
+    ("bool done = false;  // c holds the spec's codes", "V quantize"),
     ("kv_tq_store_codes<TQ_VALUE_BITS", "V pack+store"),
     ("__device__ __forceinline__ void kv_tq_rows(", "other"),
     ("__device__ __forceinline__ bool kv_tq_row_slot(", "index"),
