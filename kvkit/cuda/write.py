@@ -227,12 +227,17 @@ TQ_VARIANT_DEFAULT = 3
 #: within the noise or worse in one of the two (write_ab k3v4 1.308 -> 1.448 with a 1.18-1.56
 #: spread; run.py 1.288 -> 1.259), so they keep 3 until a cleaner measurement.
 TQ_VARIANT_DEFAULT_3BIT = 4
-#: 5 (session 14 helper, branch tqw6; compiled, not run) = 4 plus: FP8 keys of float16 inputs by
-#: the dense fp8 write's fast chunk (k_scale in [2^-16, 2^16] and every half of the lane's key
-#: words finite, tested by one float16x2 fma per word; one multiply per element for a
-#: power-of-two k_scale such as the default 1), and value codes from two fmas with the row's
-#: reciprocal nudged by +-2^-17 (equal results are the near test; arch_models
-#: tq_near_value_codes_v5). benchmarks/NOTES.md "tqw6".
+#: 5 (session 14 helper, branch tqw6; compiled for every target, NOT run on a GPU) = 4 plus:
+#: FP8 keys of float16 inputs by the dense fp8 write's fast chunk where k_scale is in
+#: [2^-16, 2^16] and a lane's halves are finite (one float16x2 fma per word tests that), with one
+#: multiply per element for a power-of-two k_scale such as the default 1 (any input dtype);
+#: value codes from two fmas with the scale's rcp.approx nudged by +-2^-17 (equal results are
+#: the near test, arch_models.tq_near_value_codes_v5); the value min / max of float16 words by
+#: min / max.f16x2; key squares by one IMAD on the code (the table's (x, dl) fields,
+#: _tq_bucket_defines imad_squares); the slot's float16 scalars by cvt.rn.satfinite; the sign
+#: words by IMAD with immediates. Static common path (sm_90, fp16, D = 128, scripts/
+#: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
+#: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
 TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
 
 
