@@ -281,18 +281,23 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
 # Three targets (the software-conversion, Hopper and consumer-Blackwell builds): all seven
 # took ~170 s of CI's ten minutes; the default builds (test_no_kernel_spills, every target)
 # include variant 4 through 3bit_nc.
+# Variant 5 (branch tqw6: fast FP8 keys, nudged value reciprocals, float16x2 value min / max,
+# key squares by IMAD) the same way; the helper also built it for sm_86, sm_89 and sm_100a
+# (benchmarks/NOTES.md "tqw6").
+@pytest.mark.parametrize("variant", ["4", "5"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
-def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
+def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
-    fallback): every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every input
-    dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the default)."""
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
+    fallback) and 5: every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every
+    input dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the
+    default)."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
     bad, cases, jobs = [], [], []
     for name in TQ:
         for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
             for dt in ("0", "1", "2"):
                 defines = _defines(name, d, dt)
-                assert defines["TQ_VARIANT"] == "4"
+                assert defines["TQ_VARIANT"] == variant
                 cases.append((name, d, dt))
                 jobs.append(("write_turboquant.cu", defines, arch))
     for (name, d, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
@@ -304,7 +309,10 @@ def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
 
 
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
-@pytest.mark.parametrize("arch, variant", [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3")])
+@pytest.mark.parametrize(
+    "arch, variant",
+    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
+)
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 and 3 (the default): no shuffle / vote runs under a branch that
     only some lanes take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as
