@@ -142,6 +142,11 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #endif
 #endif
 #define KV_MMA_PACK_OK (KVKIT_DECODE_TQ_VARIANT >= 1)
+// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, decode_core.cuh) up to 4 query rows at head_dim 128:
+// there four stages (9.5 KB each at 4 bits) beside the key table and 5-8 rows' query buffers
+// are 59-64 KB per CTA (sm_90 PTX), three CTAs per SM instead of four; 4 rows take 51-55 KB.
+// Below 128 the single-tile build has four stages already (pairs cost no shared memory).
+#define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 // -DKVKIT_DECODE_TQ3 (kvkit/cuda/decode.py; A/B runs): 1 takes the cheaper 3-bit plans, 0 the
 // build before them. Two changes, each where the static counts (scripts/sass_path.py, sm_90,
 // executed warp instructions per warp-tile; session 12) show a gain:

@@ -81,6 +81,16 @@
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
 #define TQ_NAN_PAYLOAD (TQ_VARIANT == 0)
+// Variant 5's parts that can be switched off one by one (TQ_V5_* launch defines, for A/B
+// sweeps; kvkit/cuda/write.py passes none, so all are on): the min / max of float16 value words
+// by min / max.f16x2 (TQ_V5_HMINMAX).
+#ifndef TQ_V5_HMINMAX
+#define TQ_V5_HMINMAX (TQ_VARIANT >= 5 && KV_IN_DTYPE == 1)
+#endif
+// The key squares by one IMAD (variant 5) come with the launcher's table (TQ_BKT_IMAD_SQ=1).
+#ifndef TQ_BKT_IMAD_SQ
+#define TQ_BKT_IMAD_SQ 0
+#endif
 #if !defined(TQ_MIN_CTAS) || !defined(TQ_MIN_CTAS_SM90)
 #error "write_turboquant.cu needs TQ_MIN_CTAS and TQ_MIN_CTAS_SM90 (launch bounds' minimum CTAs)"
 #endif
@@ -127,8 +137,16 @@ __constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
 struct __align__(16) KvTqCell {
     unsigned int mid;  // float32 bits of the cell's midpoint, or a NaN
     int base;          // midpoints in lower cells
+#if TQ_BKT_IMAD_SQ
+    // Variant 5 (kvkit/cuda/write.py _tq_bucket_defines imad_squares): with lo2 / hi2 as below,
+    // x = bits(lo2) - base * dl and dl = bits(hi2) - bits(lo2) (mod 2^32), so x + code * dl is
+    // bits(lo2) for code = base and bits(hi2) for code = base + 1.
+    unsigned int x;
+    unsigned int dl;
+#else
     float lo2;         // c[base]^2 (float32 product): the centroid's square when y < mid
     float hi2;         // c[base + 1]^2 (c[base]^2 without a midpoint): when mid <= y
+#endif
 };
 __constant__ KvTqCell kTqCells[TQ_BKT_CELLS] = TQ_BKT_TABLE;
 
@@ -207,6 +225,26 @@ __host__ __device__ constexpr unsigned int kv_tq_magic_junk() {
 
 
 #define TQ_REG (KV_HEAD_DIM % 64 == 0)
+
+// The slot's float16 scalars (key norm, value scale and zero): kv_f16_bits_sat's bits
+// (codecs.f16_bits(x, saturate=True): |x| clamped to 65504, then RN; every NaN -> 0x7E00).
+// Variant 5 (TQ_V5_F16SAT): cvt.rn.satfinite.f16.f32 is RN to float16 with a result that would
+// be infinite replaced by the largest finite value of its sign, which is the clamp-then-RN
+// rule (65504 < |x| < 65520 rounds to 65504 either way; RN(x) is infinite exactly where the
+// clamp applies beyond that, +-inf included); a NaN x, whose result is some NaN, is selected
+// to 0x7E00. Three instructions where kv_f16_bits_sat's hardware path took seven.
+#ifndef TQ_V5_F16SAT
+#define TQ_V5_F16SAT (TQ_VARIANT >= 5 && KVKIT_HW_F16)
+#endif
+__device__ __forceinline__ unsigned int kv_tq_f16_bits_sat(float x) {
+#if TQ_V5_F16SAT
+    unsigned short h;
+    asm("cvt.rn.satfinite.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return x != x ? 0x7E00u : (unsigned int)h;
+#else
+    return kv_f16_bits_sat(x);
+#endif
+}
 
 #if TQ_REG
 // Slot stores: 16-bit units at even byte offsets (every field of a slot starts at an even
@@ -356,6 +394,58 @@ __device__ __forceinline__ unsigned char* kv_tq_store_codes(unsigned char* dst, 
 #define TQ_TABLES , s_mid, s_cent
 #endif
 
+#if TQ_KEY_FP8 && KV_IN_DTYPE == 1
+// Variant 5's FP8 key bytes of a lane (float16 inputs; the caller checked that k_scale b is in
+// [KV_DIV_F16_LO, KV_DIV_F16_HI] and every half of kw is finite). Per input word (two halves,
+// elements i, i + 1 of the row) one 16-bit unit: the spec's bytes e4m3_satfinite(a / b) are
+// sign(a) | e4m3 magnitude of RN(|a| / b) (b > 0: IEEE division's sign rule, zeros included),
+// and RN(|a| / b) is finite, so the magnitudes come from kv_e4m3x2_mag and the signs from bit
+// 15 of each half (bytes 1 and 3 of the word): write_dense.cu kv_fp8_fast_words, whose
+// quotient kv_div_by_unchecked(|a|, kv_divisor(b)) == __fdiv_rn(|a|, b) for every finite half
+// and such b (divide.cuh KV_DIV_F16_LO; tests/formats/test_fp8_fast_chunk.py). POW2 (b = 2^e,
+// -16 <= e <= 16): y = RN(1 / b) = 2^-e exactly and |a| y = |a| 2^-e is a float (|a| is 0 or
+// in [2^-24, 65504] with 11 significant bits: the product lies in [2^-40, 2^32], normal), so
+// RN(|a| y) = |a| / b = RN(|a| / b): one multiply.
+template <bool POW2, bool EVEN>
+__device__ __forceinline__ void kv_tq_fp8_keys_fast(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
+                                                    float k_scale, unsigned char* dst, int p, bool active) {
+    constexpr int R = TQ_RPW;
+    constexpr int L = TQ_L;
+    constexpr int W = KvInputWords<KV_IN_DTYPE, TQ_E>::n;
+    // b in [2^-16, 2^16]: kv_divisor's ok holds; for b = 2^e, RN(1 / b) = 2^-e, whose bits are
+    // (127 - e) << 23 = 0x7F000000 - bits(b).
+    KvDivisor dv;
+    dv.b = k_scale;
+    dv.ok = true;
+    dv.y = POW2 ? __uint_as_float(0x7F000000u - __float_as_uint(k_scale)) : __frcp_rn(k_scale);
+    unsigned int out[R][W];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+        for (int w = 0; w < W; ++w) {
+            float q[2];
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                const unsigned short hs = (unsigned short)(kw[r][w] >> (16 * i));
+                float a;
+                asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(hs));  // exact
+                q[i] = POW2 ? __fmul_rn(fabsf(a), dv.y) : kv_div_by_unchecked(fabsf(a), dv);
+            }
+            const unsigned int mag = kv_e4m3x2_mag(q[0], q[1]);
+            const unsigned int sign = __byte_perm(kw[r][w], 0u, 0x0031u);  // bytes 1, 3 -> 0, 1
+            // (mag & ~0x8080) | (sign & 0x8080) in one LOP3 (lut 0xB8, as kv_fp8_fast_words)
+            asm("lop3.b32 %0, %1, %2, %3, 0xB8;" : "=r"(out[r][w]) : "r"(mag), "r"(0x80808080u), "r"(sign));
+        }
+    }
+    if (active) {
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = 0; w < W; ++w) kv_tq_store16(dst, (p + L * r) * TQ_E + 2 * w, out[r][w], EVEN);
+    }
+}
+#endif
+
 // kv_tq_rows's key half (K: codes and norm, or FP8 bytes) and value half; same arguments.
 template <bool EVEN>
 __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
@@ -368,11 +458,46 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
     float x[R][TQ_E];
     KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- K ----
+#if TQ_KEY_FP8 && TQ_VARIANT >= 5 && KV_IN_DTYPE == 1
+    // Variant 5's FP8 keys for float16 inputs: the dense fp8 write's fast chunk (write_dense.cu
+    // kv_fp8_fast_words, CPU check tests/formats/test_fp8_fast_chunk.py) where k_scale is in
+    // [2^-16, 2^16] (kernel-uniform) and every half of the lane's key words is finite; else (per
+    // lane) the path below. kv_tq_fp8_keys_fast has the argument.
+    {
+        // Non-finite halves: x * 0 + acc in float16 pairs is +-0 for finite x and NaN (sticky)
+        // for an infinite or NaN x, so acc's halves are both +-0 iff every half is finite. One
+        // fma per word, where the integer test ((w & 0x7FFF7FFF) + 0x04000400) took three.
+        unsigned int acc = 0u;
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = 0; w < KvInputWords<KV_IN_DTYPE, TQ_E>::n; ++w)
+                asm("fma.rn.f16x2 %0, %1, %2, %0;" : "+r"(acc) : "r"(kw[r][w]), "r"(0u));
+        if (k_scale >= KV_DIV_F16_LO && k_scale <= KV_DIV_F16_HI && (acc & 0x7FFF7FFFu) == 0u) {
+            // A power-of-two scale (the default 1 included; kernel-uniform): |a| / b = |a| y
+            // exactly (below), one multiply per element instead of kv_div_by_unchecked's five.
+            if ((__float_as_uint(k_scale) & 0x007FFFFFu) == 0u) {
+                kv_tq_fp8_keys_fast<true, EVEN>(kw, k_scale, dst, p, active);
+            } else {
+                kv_tq_fp8_keys_fast<false, EVEN>(kw, k_scale, dst, p, active);
+            }
+            return;
+        }
+    }
+#endif
 #if TQ_VARIANT >= 3 && TQ_SIGN_WORDS
     {
         constexpr KvTqSignWords sw = kv_tq_sign_words();
         constexpr unsigned int pos = KV_IN_DTYPE == 0 ? 0x80000000u : 0x80008000u;
+#if TQ_VARIANT >= 5
+        // (c << p) as c * 2^p: one IMAD with c immediate. p2 through an opaque move, else ptxas
+        // sees 1 << p and turns each product back into a MOV of c and a shift (variant 5: 8
+        // fewer instructions per 4 rows at D = 128).
+        unsigned int p2;
+        asm("mov.b32 %0, %1;" : "=r"(p2) : "r"(1u << p));
+#else
         const unsigned int p2 = 1u << p;  // (c << p) as c * 2^p: one IMAD with c immediate
+#endif
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             unsigned int fw[TQ_SW_N];
@@ -388,18 +513,34 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #if TQ_KEY_FP8
     {
         // e4m3(k / k_scale): kv_div_by with the layer's reciprocal, __fdiv_rn out of its range.
-        const KvDivisor dv = kv_divisor(k_scale);
-        bool ok = dv.ok;
         float y[R][TQ_E];
-#pragma unroll
-        for (int r = 0; r < R; ++r)
-#pragma unroll
-            for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
-        if (!ok) {
+#if TQ_VARIANT >= 5
+        // Variant 5: k_scale = 2^e with -126 <= e <= 126 (kernel-uniform; the default 1): y = 2^-e
+        // (bits 0x7F000000 - bits(b)) is exactly 1 / b, so x y is the real x / b and RN(x y) =
+        // RN(x / b) for every x (subnormal results, overflow, zeros, inf and NaN alike: the
+        // kernels keep denormals), one multiply per element.
+        const unsigned int kb = __float_as_uint(k_scale);
+        if ((kb & 0x007FFFFFu) == 0u && kb - 0x00800000u <= 0x7E000000u) {
+            const float ky = __uint_as_float(0x7F000000u - kb);
 #pragma unroll
             for (int r = 0; r < R; ++r)
 #pragma unroll
-                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], k_scale);
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = __fmul_rn(x[r][j], ky);
+        } else
+#endif
+        {
+            const KvDivisor dv = kv_divisor(k_scale);
+            bool ok = dv.ok;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) y[r][j] = kv_div_by(x[r][j], dv, ok);
+            if (!ok) {
+#pragma unroll
+                for (int r = 0; r < R; ++r)
+#pragma unroll
+                    for (int j = 0; j < TQ_E; ++j) y[r][j] = __fdiv_rn(x[r][j], k_scale);
+            }
         }
         if (active) {
 #pragma unroll
@@ -455,7 +596,15 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const unsigned int code = e.y + (__float_as_uint(d) >> 31);
                     c[r] = j == 0 ? (KvTqPiece)code : c[r] + ((KvTqPiece)code << (TQ_KEY_BITS * j));
                     ok = ok && !(fabsf(d) <= TQ_NEAR_KEY);
+#if TQ_BKT_IMAD_SQ
+                    // c[code]^2's bits as x + code * dl (the variant-5 table, KvTqCell): one
+                    // IMAD on the code where a comparison and a select took two.
+                    unsigned int cq;  // opaque: kept as one IMAD on the code
+                    asm("mov.b32 %0, %1;" : "=r"(cq) : "r"(code));
+                    const float sq = __uint_as_float(e.z + cq * e.w);
+#else
                     const float sq = d < 0.0f ? __uint_as_float(e.w) : __uint_as_float(e.z);
+#endif
                     acc[r] = j == 0 ? sq : __fadd_rn(acc[r], sq);
                 }
             }
@@ -537,7 +686,15 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                     const KvTqCell e = kv_tq_cell(y, s_cell);
                     const bool up = __uint_as_float(e.mid) <= y;
                     TQ_PUT_CODE(c[r], j, TQ_KEY_BITS, e.base + (up ? 1 : 0));
+#if TQ_BKT_IMAD_SQ
+                    // The table holds x and dl here (KvTqCell); this rare path squares the
+                    // centroid from constant memory instead: the table's lo2 / hi2 are the same
+                    // float32 products c[idx] * c[idx] (kvkit/formats/arch_models.py BucketTable).
+                    const float cc = kTqCentroids[e.base + (up ? 1 : 0)];
+                    const float sq = __fmul_rn(cc, cc);
+#else
                     const float sq = up ? e.hi2 : e.lo2;  // the centroid only enters cn, squared
+#endif
 #else
                     // idx = #{midpoints <= y}: the midpoints ascend (strictly ascending codebooks,
                     // kvkit.formats.codebook), so a binary search counts them in b steps; a NaN y
@@ -563,7 +720,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
         if (active && p == 0) {  // d0 == dst on this lane
             float ratio = 0.0f;
             if (cn != 0.0f) ratio = __fdiv_rn(n, cn);
-            kv_tq_store16(d0, TQ_KEY_NORM_OFFSET, kv_f16_bits_sat(ratio), even);
+            kv_tq_store16(d0, TQ_KEY_NORM_OFFSET, kv_tq_f16_bits_sat(ratio), even);
         }
     }
 #endif
@@ -586,6 +743,25 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
     // value is the NaN-ignoring min / max (fminf / fmaxf, in any order); only a zero extreme
     // can differ, in its sign: then it is the first zero element of the row (every element
     // before it is NaN or on the far side of it, every later zero compares equal).
+#if TQ_V5_HMINMAX
+    // Variant 5, float16 inputs: the lane's NaN-ignoring min / max on the raw words, two halves
+    // per instruction (min / max.f16x2 without .NaN return the non-NaN operand, a NaN only when
+    // both are; the widening is exact and monotone, so the widened result is fminf / fmaxf of
+    // the widened elements, up to the sign of a zero extreme, which the fix-up below sets).
+    float vlo, vhi;
+    {
+        unsigned int mn = vw[0][0], mx = vw[0][0];
+#pragma unroll
+        for (int r = 0; r < R; ++r)
+#pragma unroll
+            for (int w = (r == 0 ? 1 : 0); w < KvInputWords<KV_IN_DTYPE, TQ_E>::n; ++w) {
+                asm("min.f16x2 %0, %0, %1;" : "+r"(mn) : "r"(vw[r][w]));
+                asm("max.f16x2 %0, %0, %1;" : "+r"(mx) : "r"(vw[r][w]));
+            }
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; min.f16 l, l, h; cvt.f32.f16 %0, l; }" : "=f"(vlo) : "r"(mn));
+        asm("{ .reg .b16 l, h; mov.b32 {l, h}, %1; max.f16 l, l, h; cvt.f32.f16 %0, l; }" : "=f"(vhi) : "r"(mx));
+    }
+#else
     float vlo = x[0][0], vhi = x[0][0];
 #pragma unroll
     for (int r = 0; r < R; ++r)
@@ -594,6 +770,7 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             vlo = fminf(vlo, x[r][j]);
             vhi = fmaxf(vhi, x[r][j]);
         }
+#endif
 #pragma unroll
     for (int m = 1; m < L; m <<= 1) {
         vlo = fminf(vlo, __shfl_xor_sync(KV_FULL_WARP, vlo, m));
@@ -627,9 +804,49 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         // (v - lo) / scale: kv_div_by_unchecked with the row's reciprocal (v - lo is in
         // [0, 15.01 scale] or NaN, and only the code is kept: see divide.cuh), __fdiv_rn when
         // the scale is out of kv_divisor's range (row-uniform).
-        const KvDivisor dv = kv_divisor(scale);
         bool done = false;  // c holds the spec's codes
-#if TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
+        {
+            // Near decisions, variant 5 (kvkit/formats/arch_models.py tq_near_value_codes_v5,
+            // where the proof is): with a = RN(v - lo) >= 0, r within 2^-22 (relative) of
+            // 1 / scale (rcp.approx: at most 1 ulp off; scale >= the floor 1e-8 is normal, and
+            // <= (2^128 / 15) or +inf, so r is normal or 0) and the row's r1 = RN(r (1 + 2^-17))
+            // > r > r2 = RN(r (1 - 2^-17)), g_i = RN(a r_i + 1.5 * 2^23) hold rint(a r_i) in
+            // their low bits (the products exact); where g1 == g2, every point of [a r2, a r1]
+            // rounds to the same k, so a r is at least a (r - r2) ~ 2^-17 a r from every
+            // half-integer, far more than the spec's Z = RN(RN(w) + 0.5) strays from a r + 1/2
+            // (< 2^-20.5 w): floor(Z) = k. Three float instructions and a compare per element
+            // where variant 3 took four and a compare (the comparison is the near test), and
+            // one MUFU for the row where kv_divisor took a dozen (the exact path below computes
+            // it). A NaN element gives NaN g's, which compare unequal: not ok. Codes packed
+            // from g1's bits. scale = +inf (r = 0): every finite element gets code 0, the
+            // spec's (w = 0); an infinite one gives NaN g's.
+            float rq;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rq) : "f"(scale));
+            const float r1 = __fmul_rn(rq, 1.0f + 0x1p-17f);
+            const float r2 = __fmul_rn(rq, 1.0f - 0x1p-17f);
+            bool ok = true;
+            constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                unsigned int pc = 0u;
+#pragma unroll
+                for (int j = 0; j < TQ_E; ++j) {
+                    const float a = __fsub_rn(x[r][j], vlo);
+                    const float g1 = __fmaf_rn(a, r1, TQ_RINT_MAGIC);
+                    const float g2 = __fmaf_rn(a, r2, TQ_RINT_MAGIC);
+                    pc = j == 0 ? __float_as_uint(g1) : pc + (__float_as_uint(g1) << (TQ_VALUE_BITS * j));
+                    ok = ok && g1 == g2;
+                }
+                c[r] = (KvTqPiece)(pc - junk);
+            }
+            done = ok;
+        }
+#else
+        const KvDivisor dv = kv_divisor(scale);
+#endif
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
+#elif TQ_VARIANT >= 3 && TQ_E * TQ_VALUE_BITS <= 32
         if (dv.ok) {
             // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_value_codes_v3,
             // where the proof is): with a = RN(v - lo) (the spec's) and r = RN(1 / scale),
@@ -681,6 +898,9 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         }
 #endif
         if (!done) {
+#if TQ_VARIANT >= 5 && TQ_E * TQ_VALUE_BITS <= 32
+            const KvDivisor dv = kv_divisor(scale);
+#endif
             float y[R][TQ_E];
             if (dv.ok) {
 #pragma unroll
@@ -715,8 +935,8 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
     unsigned char* const d0 = dst;
 #endif
     if (active && p == 0) {  // d0 == dst on this lane
-        kv_tq_store16(d0, TQ_VALUE_SCALE_OFFSET, kv_f16_bits_sat(scale), even);
-        kv_tq_store16(d0, TQ_VALUE_ZERO_OFFSET, kv_f16_bits_sat(vlo), even);
+        kv_tq_store16(d0, TQ_VALUE_SCALE_OFFSET, kv_tq_f16_bits_sat(scale), even);
+        kv_tq_store16(d0, TQ_VALUE_ZERO_OFFSET, kv_tq_f16_bits_sat(vlo), even);
         for (int j = TQ_VALUE_ZERO_OFFSET + 2; j < TQ_SLOT_BYTES; ++j) d0[j] = 0;  // pad
     }
 }

@@ -4,6 +4,7 @@
     python scripts/sass_path.py FORMAT --dir DIR --list      # the loop's branches, one a line
     python scripts/sass_path.py FORMAT --dir DIR --take 61f0:T,7af0:F,abb0:15 [--path]
     python scripts/sass_path.py FORMAT --dir DIR --common warps23|warps01 [--list]
+    python scripts/sass_path.py FORMAT --dir DIR --pairs --common warps23 --take ...
 
 scripts/sass_static.py counts every instruction of the tile loop, paths not taken included
 (copy fallbacks, masks, soft-cap, rescale); this script follows ONE path through it and counts
@@ -24,6 +25,10 @@ walk each. Output: the count, the opcode mix, and a split by the stage-1 body's 
 (decode_mma.cuh comments (a) scores, (b) softmax, (c) PV; "start" is the tile's copy issue,
 page ring and waits). Counts are estimates: no stalls, no replays, exact only for the path
 given.
+
+--pairs walks the tile-pair loop of KVKIT_DECODE_TILE_PAIRS=1 builds (decode_mma_pairs.cuh):
+the head is its back edge's target, the phases its comments (a2), (b2), (c2); the count is
+per pair (two 16-token warp-tiles).
 """
 
 from __future__ import annotations
@@ -139,6 +144,20 @@ def loop_head(ins: list[dict], labels: dict[str, int] | None = None,
     sys.exit("no DEPBAR: pass --head")
 
 
+def pair_head(ins: list[dict], labels: dict[str, int], src: list[str]) -> int:
+    """The target of the tile-pair loop's back edge (decode_mma_pairs.cuh)."""
+    heads = []
+    for i in ins:
+        line = src[i["chain"][0] - 1].strip() if i["chain"] else ""
+        m = re.search(r"`\((\.L_x_\d+)\)", i["body"])
+        if i["op"].startswith("BRA") and m and line.startswith("for (; i_rest + 1 < n_tiles"):
+            if labels[m.group(1)] < i["addr"]:
+                heads.append(labels[m.group(1)])
+    if not heads:
+        sys.exit("no tile-pair loop: build with --define KVKIT_DECODE_TILE_PAIRS=1")
+    return min(heads)
+
+
 def walk(ins: list[dict], labels: dict[str, int], head: int, take: dict[int, int | bool],
          on_branch=None, on_ins=None) -> int:  # fmt: skip
     """Count the instructions from head to the back edge along the decided path."""
@@ -199,13 +218,20 @@ COMMON_TAKEN = (
     "if (!full) {",  # a fully visible tile
     "if (__any_sync(KV_FULL_MASK, rescale))",  # no rescale
     "for (int i = 0; i < n_tiles; ++i)",  # the back edge
+    # The tile-pair loop (decode_mma_pairs.cuh): no soft-cap, both tiles fully visible, the
+    # back edge.
+    "float x = sc[h][nr][2 * tt + j] * km[h][tt] * rsc[nr][j];",
+    "if (!full[h]) {",
+    "for (; i_rest + 1 < n_tiles; i_rest += 2) {",
 )
 
 
-def common_take(ins, labels, head, src, ring: bool) -> dict[int, int | bool]:
+def common_take(ins, labels, head, src, ring: bool,
+                seed: dict[int, int | bool] | None = None) -> dict[int, int | bool]:  # fmt: skip
     """--take decisions for --common: COMMON_TAKEN, plus `threadIdx.x < kvd::TILE` taken
-    (skipping the page ring, warps 2-3) unless ring (warps 0-1)."""
-    take: dict[int, int | bool] = {}
+    (skipping the page ring, warps 2-3) unless ring (warps 0-1); seed: the --take decisions,
+    kept (so the code they lead to gets the common decisions too)."""
+    take: dict[int, int | bool] = dict(seed or {})
     met: dict[int, bool] = {}
 
     def decide(i: dict, t: bool, tgt: int) -> None:
@@ -250,6 +276,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--common", choices=("warps23", "warps01"),
                     help="decide the branches by COMMON_TAKEN (warps01: with the page ring); "
                          "--take entries override")  # fmt: skip
+    ap.add_argument("--pairs", action="store_true",
+                    help="walk the tile-pair loop (KVKIT_DECODE_TILE_PAIRS=1 builds)")
     ap.add_argument("--list", action="store_true", help="print each branch met on the way")
     ap.add_argument("--path", action="store_true", help="print every instruction walked")
     args = ap.parse_args(argv)
@@ -261,15 +289,21 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("--dir (or --dump) is required")
     ins, labels = parse(args.dir / f"{args.format}.sass")
     src = (args.dir / f"{args.format}.src").read_text().splitlines()
-    head = int(args.head, 16) if args.head else loop_head(ins, labels, src)
+    if args.head:
+        head = int(args.head, 16)
+    elif args.pairs:
+        head = pair_head(ins, labels, src)
+    else:
+        head = loop_head(ins, labels, src)
     take: dict[int, int | bool] = {}
-    if args.common:
-        take = common_take(ins, labels, head, src, args.common == "warps01")
-        taken = ",".join(f"{a:05x}:T" for a, v in take.items() if v is True)
-        print(f"--common {args.common}: --take {taken}")
     for tok in filter(None, args.take.split(",")):
         a, v = tok.split(":")
         take[int(a, 16)] = True if v == "T" else False if v == "F" else int(v)
+    if args.common:
+        given = dict(take)
+        take = common_take(ins, labels, head, src, args.common == "warps01", given)
+        taken = ",".join(f"{a:05x}:T" for a, v in take.items() if v is True and a not in given)
+        print(f"--common {args.common}: --take {taken}")
 
     def text(ln: int) -> str:
         return src[ln - 1].strip()[:80] if ln else ""
@@ -295,8 +329,12 @@ def main(argv: list[str] | None = None) -> int:
     def first(pat: str) -> int:
         return next((k + 1 for k, line in enumerate(src) if pat in line), 1 << 30)
 
-    a, b = first("// (a) S^T = K Q^T"), first("// (b) masks, soft-cap")
-    c, e = first("// (c) O^T += V^T"), first("kv_cp_async_wait<0>();")
+    if args.pairs:
+        a, b = first("// (a2) pair scores"), first("// (b2) pair softmax")
+        c, e = first("// (c2) pair PV"), first("// (e2) pair end")
+    else:
+        a, b = first("// (a) S^T = K Q^T"), first("// (b) masks, soft-cap")
+        c, e = first("// (c) O^T += V^T"), first("kv_cp_async_wait<0>();")
     phases = collections.Counter()
     for ln, cnt in body_lines.items():
         key = "start" if ln < a else "score" if ln < b else "softmax" if ln < c else "pv"

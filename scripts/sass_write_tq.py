@@ -49,7 +49,8 @@ RULES = [
     (r"if \(!done\)", r".", r".", True),  # the near decisions held (variant 2)
     (r"if \(dv\.ok\)", r"FSETP\.GE\.AND", r"^@!P", False),
     (r"if \(dv\.ok\)", r"FSETP\.GTU", r"^@!P", True),
-    (r"d\.y = __frcp_rn", r".", r"^@P", True),  # reciprocal: exponent in the fast range
+    # reciprocal: exponent in the fast range
+    (r"\.y = (POW2 \? .* : )?__frcp_rn", r".", r"^@P", True),
     (r"if \(!ok\)", r".", r"^@P", True),
     # Stores by some lanes of the warp (lane 0 of a row, the packing groups' store lanes, FP8
     # key bytes of active rows): the warp issues the body, so the walk goes through it. (A
@@ -62,7 +63,13 @@ RULES = [
     (r"if \(vlo == 0.0f \|\| vhi == 0.0f\)", r"FSETP\.NEU", r"^@P\d BRA P", True),
     # variant 4: the same test, warp-uniform (no row with a zero extreme: skipped)
     (r"if \(__any_sync\(KV_FULL_WARP, vlo == 0.0f", r"VOTE\.ANY", r"^@!P", True),
+    # variant 5, FP8 keys of float16 inputs: k_scale in range and every half finite (fast path)
+    (r"if \(k_scale >= KV_DIV_F16_LO", r"LOP3", r"^@!P\d BRA P", True),
+    (r"if \(i < TQ_BKT_CELLS\)", r".", r".", False),  # variant 5's table fill: the warp runs it
+    # the key near test as a branch to the exact path (variant 5 builds): not near
+    (r"ok = ok && !\(fabsf\(d\) <= TQ_NEAR_KEY\)", r"FSETP", r"^@!P", False),
 ]
+# (variant 5's power-of-two k_scale branch, FP8 keys: added by main from --k-scale)
 
 #: phase markers: (text of a source line, phase from that line on), searched from kv_tq_keys
 PHASES = [
@@ -77,13 +84,17 @@ PHASES = [
     ("// ---- V ----", "widen"),
     ("float vlo = x[0][0]", "V min/max"),
     ("const float top = (float)TQ_V_TOP;", "V scale"),
-    ("const KvDivisor dv = kv_divisor(scale);", "V quantize"),
+    ("bool done = false;  // c holds the spec's codes", "V quantize"),
     ("kv_tq_store_codes<TQ_VALUE_BITS", "V pack+store"),
     ("__device__ __forceinline__ void kv_tq_rows(", "other"),
     ("__device__ __forceinline__ bool kv_tq_row_slot(", "index"),
     ("unsigned int kw[R][W], vw[R][W];", "loads"),
     ("if (__all_sync(KV_FULL_WARP, even))", "index"),
 ]
+
+
+#: --define NAME=VALUE: extra launch defines (e.g. variant 5's TQ_V5_* switches)
+EXTRA_DEFINES: dict[str, str] = {}
 
 
 def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str, str]:
@@ -96,6 +107,7 @@ def build(fmt, dtype: str, slot: str, arch: str, variant: str) -> tuple[str, str
         defines = dict(fmt.cuda_defines())
         defines.update(KV_IN_DTYPE=dtype, KV_SLOT_T=slot)
         defines.update(tq_launch_defines(fmt, dtype))
+        defines.update(EXTRA_DEFINES)
     finally:
         if old is None:
             del os.environ["KVKIT_WRITE_TQ_VARIANT"]
@@ -176,7 +188,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--variants", default="0,1,2", help="KVKIT_WRITE_TQ_VARIANT values")
     ap.add_argument("--show", action="store_true", help="print the path")
     ap.add_argument("--branches", action="store_true", help="print every branch decision")
+    ap.add_argument(
+        "--k-scale",
+        default="pow2",
+        choices=("pow2", "general"),
+        help="variant 5's FP8-key branch on a power-of-two k_scale (the default 1)",
+    )
+    ap.add_argument("--define", action="append", default=[], help="NAME=VALUE extra define")
     args = ap.parse_args(argv)
+    EXTRA_DEFINES.update(d.split("=", 1) for d in args.define)
+    pow2 = args.k_scale == "pow2"
+    # LOP3.LUT P, RZ, bits(k_scale), 0x7fffff: P = mantissa nonzero (not a power of two)
+    RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@!P", pow2))
+    RULES.append((r"__float_as_uint\(k_scale\) & 0x007FFFFFu", r"0x7fffff", r"^@P", not pow2))
+    # variant 5's generic FP8 keys (bfloat16 / float32 inputs): the same test on kb
+    RULES.append((r"if \(\(kb & 0x007FFFFFu\) == 0u", r".", r"^@!P", pow2))
+    RULES.append((r"if \(\(kb & 0x007FFFFFu\) == 0u", r".", r"^@P", not pow2))
     for name in args.formats.split(","):
         fmt = formats.get(name, args.head_dim)
         for v in args.variants.split(","):

@@ -2,6 +2,7 @@
 
     python scripts/write_ab.py --formats turboquant_4bit_nc,turboquant_k8v4 \
         --settings "default 4:8 2:16" [--rounds 3] [--slots pages|scatter|sorted] [--json out.json]
+        [--unit-scales]
 
 A setting is ``default``, ``RPW:MIN_CTAS`` (KVKIT_WRITE_TQ_RPW / KVKIT_WRITE_TQ_MIN_CTAS for
 the TurboQuant write; other formats ignore them) or ``NAME=VALUE[,NAME=VALUE...]``: any
@@ -56,6 +57,11 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--slots", choices=("pages", "scatter", "sorted"), default="pages")
     ap.add_argument("--json")
+    ap.add_argument(
+        "--unit-scales",
+        action="store_true",
+        help="K / V scales 1 (default: calibrated for N(0, 1), 5 / 448 for FP8 keys)",
+    )
     args = ap.parse_args()
 
     import cupy as cp
@@ -68,6 +74,10 @@ def main() -> None:
     names = args.formats.split(",")
     settings = args.settings.split()
     layers = {name: write_layer(formats.get(name, args.head_dim), 8, k.shape[0]) for name in names}
+    if args.unit_scales:  # e.g. TurboQuant variant 5's power-of-two K scale path (k8v4)
+        for layer in layers.values():
+            if layer.fmt.has_global_scales:
+                layer.k_scale = layer.v_scale = 1.0
     start, stop = cp.cuda.Event(), cp.cuda.Event()
 
     def one(layer) -> float:

@@ -164,6 +164,32 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
+// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, env KVKIT_DECODE_TILE_PAIRS, kvkit/cuda/decode.py; A/B
+// builds): the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
+// slab launches: one online-softmax update and one fresh-accumulator add per m-tile for the
+// warp's 32 tokens instead of two of each, and one loop / PDL / wait bookkeeping per pair.
+// The stage-1 kernels are issue-bound (~0.7 warp instructions per scheduler cycle on the H200):
+// per 16-token warp-tile ~125 instructions are bookkeeping and ~73 softmax, which a pair
+// shares. Only where the registers allow it: one row tile (G * q_len <= 8; the 128-register
+// cap of four CTAs per SM) and head_dim <= 128 (two tiles' raw key and value words beside the
+// D / 2 accumulator floats). Launches that are not slabs keep the single-tile loop.
+// Not on sm_120 (KVKIT_ARCH >= 1200): its ~100 KB of shared memory per SM holds two CTAs of
+// four stages (47-55 KB) where it holds three of the single-tile build's (26-48 KB), and its
+// ptxas spilled 12-200 bytes at 128 registers with pairs (sm_90 and sm_100a: none).
+// KV_TILE_PAIRS_ROWS (a family's choice, default 8): the most query rows (G * q_len) with
+// pairs, where four stages keep a CTA within a quarter of an SM's shared memory (four CTAs per
+// SM; decode_mma.cuh checks it).
+#if defined(KVKIT_DECODE_TILE_PAIRS)
+#define KVD_TILE_PAIRS_ON KVKIT_DECODE_TILE_PAIRS
+#else
+#define KVD_TILE_PAIRS_ON 0
+#endif
+#ifndef KV_TILE_PAIRS_ROWS
+#define KV_TILE_PAIRS_ROWS 8
+#endif
+#define KVD_TILE_PAIRS                                                                 \
+    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
+     KV_HEAD_DIM <= 128 && KVKIT_ARCH < 1200)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -336,7 +362,17 @@ constexpr int STAGE_BUDGET = KVD_STAGE_BUDGET_KB * 1024;  // launcher override (
 constexpr int STAGE_BUDGET = KVD_USE_MMA ? 28 * 1024 : 72 * 1024;
 #endif
 constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
+#if KVD_TILE_PAIRS
+// Tile pairs: tiles i and i + 1 are both read until the pair's PV ends, so the pair's start
+// can refill only the stages of the pair before (tiles i + STAGES - 2, i + STAGES - 1): four
+// stages keep one pair in flight while one computes, as three stages keep two single tiles
+// (the same bytes in flight), and an even count keeps a pair's two issues in one 32-tile page
+// window (KvTilePipe::advance_pages). Four stages of NVFP4 / 4-bit TurboQuant at D = 128 are
+// 36-38 KB, ~47 KB per CTA with the rest: four CTAs per SM still fit (228 KB).
+constexpr int STAGES = 4;
+#else
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
+#endif
 constexpr int NP = STAGES + 1;  // page-slot ring: tiles i .. i + STAGES
 // The page ring, then one 8-byte mbarrier per stage (bulk copies, KVKIT_BULK_COPY); per warp
 // and stage with KVD_WARP_PIPE (warp w's at 8 STAGES w).
@@ -1058,6 +1094,13 @@ struct KvTilePipe {
     __device__ __forceinline__ bool warp_has_page() const {
         return (pg_bits >> (kvd::STAGES - 1)) & 1u;
     }
+#if KVD_TILE_PAIRS
+    // Tile pairs: whether the warp has a page in tile i + k (k = 0, 1) after the pair's
+    // issues of tiles i + STAGES - 2 and i + STAGES - 1 (tile i's bit at STAGES - 1 again).
+    __device__ __forceinline__ bool warp_has_page_at(int k) const {
+        return (pg_bits >> (kvd::STAGES - 1 - k)) & 1u;
+    }
+#endif
     // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
     __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {
         return slabs ? has : pages(i)[t] >= 0;
@@ -1127,6 +1170,23 @@ struct KvTilePipe {
         rw[2] = s + kvd::SO2 + t * rs[2] + (t >> 2) * kvd::GP2;
         rw[3] = s + kvd::SO3 + t * rs[3] + (t >> 2) * kvd::GP3;
     }
+#if KVD_TILE_PAIRS
+    // rows() for slab launches (KvTilePipe::slabs): every plane is then fast, so its mode is
+    // known at compile time (kv_plane_mode: row mode for widths of whole 16-byte units, slab
+    // mode for the others) and so is its staging stride: the tile pairs' row addresses
+    // without the runtime strides' multiplications.
+    static __device__ __forceinline__ void rows_slabs(const unsigned char* s, int t,
+                                                      const unsigned char** rw) {
+        constexpr int R0 = KV_P0_BYTES % 16 == 0 ? kvd::WP0 : KV_P0_BYTES;
+        constexpr int R1 = KV_P1_BYTES % 16 == 0 ? kvd::WP1 : KV_P1_BYTES;
+        constexpr int R2 = KV_P2_BYTES % 16 == 0 ? kvd::WP2 : KV_P2_BYTES;
+        constexpr int R3 = KV_P3_BYTES % 16 == 0 ? kvd::WP3 : KV_P3_BYTES;
+        rw[0] = s + t * R0 + (t >> 2) * kvd::GP0;
+        rw[1] = s + kvd::SO1 + t * R1 + (t >> 2) * kvd::GP1;
+        rw[2] = s + kvd::SO2 + t * R2 + (t >> 2) * kvd::GP2;
+        rw[3] = s + kvd::SO3 + t * R3 + (t >> 2) * kvd::GP3;
+    }
+#endif
     template <bool FAST, bool SUB = false, bool RUNS = false>
     __device__ __forceinline__ void planes(unsigned char* s, unsigned sa, const KvIssueAt& at,
                                            const int* tp, int t0, int n, int kvh, int bs,

@@ -249,6 +249,12 @@ constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) +
                               ? kvd::STAGES * kvd::STAGE_BYTES
                               : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
+#if KVD_TILE_PAIRS
+// Tile pairs' four stages must leave four CTAs per SM (the 128-register cap assumes them):
+// 228 KB per SM on sm_90 / sm_100, 1 KB of it reserved per CTA (KV_TILE_PAIRS_ROWS limits
+// the rows where they would not fit).
+static_assert(SMEM + 1024 <= 228 * 1024 / 4, "tile pairs: four CTAs per SM must fit");
+#endif
 }  // namespace kvm
 
 // The warp's token (0..15) at score M row / PV k index i. KV_MMA_TOKEN_SWAP: i ^ ((i / 2) % 2),
@@ -418,6 +424,34 @@ __device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* 
         kv_acc_add4(acc_mi[nr * acc_stride], t4);
     }
 }
+
+#if KVD_TILE_PAIRS
+// Tile pairs' PV of m-tile mi: tile a's and tile b's P parts into ONE fresh accumulator per
+// row tile (2 NPART mma deep), then one IEEE add into the running sum: the add keeps the
+// tensor cores' truncating adds off the large running sum, as kv_pv_mtile's does, once per
+// 32 tokens instead of once per 16.
+template <int NPART>
+__device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned (*av)[4],
+                                             const unsigned (*bp)[kvm::NR][NPART][2],
+                                             int acc_stride) {
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+        float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_PV_BF16
+                kv_mma_bf16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
+#else
+                kv_mma_f16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
+#endif
+            }
+        }
+        kv_acc_add4(acc_mi[nr * acc_stride], t4);
+    }
+}
+#endif
 
 #if !KV_MMA_V_REGS
 // The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
@@ -605,8 +639,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         kfac = kv_mma_init_table(tab_s, tid, THREADS);
 #endif
         __syncthreads();
+#if KVD_TILE_PAIRS
+        // Tile pairs (slab launches): the first pair issues tiles STAGES - 2 and STAGES - 1.
+        const int n_pro = pipe.slabs ? STAGES - 2 : STAGES - 1;
+#pragma unroll 1
+        for (int j = 0; j < n_pro; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+#else
 #pragma unroll 1
         for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+#endif
 #if KV_ROTATE_Q
         kv_fwht_rows_warp(qf_s, warp, lane);
 #endif
@@ -679,6 +720,23 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 pos[nr][j] = r < R ? seq_len - QL + r / G : big;
             }
         }
+#if KVD_TILE_PAIRS
+        // Tile pairs: the rows' causal positions are worked out where the masks are (tiles
+        // off the fast path), from an opaque copy of seq_len, so that they are not held over
+        // the loops: the pair body's two tiles of raw words leave no registers for them at
+        // 128 (sm_90, TurboQuant at 8 rows spilled one; the masks run on one tile per split).
+        (void)pos;
+        auto row_pos = [&](int nr, int j) {
+            int sl;
+            asm volatile("mov.b32 %0, %1;" : "=r"(sl) : "r"(seq_len));
+#if KV_MMA_PACK
+            const int r = 2 * (c & 1) + j;
+#else
+            const int r = 8 * nr + 2 * c + j;
+#endif
+            return r < R ? sl - QL + r / G : big;
+        };
+#endif
         // Q as B operands, ldmatrix.x4 over two k-steps: lane l gives row 8 nr + (l & 7),
         // dims 16 ks + 8 (l >> 3): matrices b0, b1 of ks and b0, b1 of ks + 1.
         const unsigned qh_addr = kv_smem_addr(qh_s + (lane & 7) * QSTR + 8 * (lane >> 3));
@@ -688,8 +746,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         (void)qm_addr;
         const int tw0 = warp * WT;
 
+#if KVD_TILE_PAIRS
+#include "common/decode_mma_pairs.cuh"
+#pragma unroll 1
+        for (int i = i_rest; i < n_tiles; ++i) {
+#else
 #pragma unroll 1
         for (int i = 0; i < n_tiles; ++i) {
+#endif
             if (KVD_PDL_TRIGGER == 1 && i == n_tiles - 1) kv_grid_dep_trigger();
             pipe.wait<STAGES - 2>(i);
             pipe.tile_sync();  // the CTA barrier; the warp's own in warp pipes (KVD_WARP_PIPE)
@@ -903,8 +967,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                         for (int tt = 0; tt < 2; ++tt) {
                             const int tok = t0 + tw0 + kv_mma_tok(g + 8 * tt);
+#if KVD_TILE_PAIRS
+                            const int pj = row_pos(nr, j);
+                            const bool vis = ok[tt] && tok <= pj &&
+                                             (window <= 0 || tok > pj - window);
+#else
                             const bool vis = ok[tt] && tok <= pos[nr][j] &&
                                              (window <= 0 || tok > pos[nr][j] - window);
+#endif
                             if (!vis) p[nr][j][tt] = kv_neg_inf();
                         }
                     }

@@ -227,7 +227,18 @@ TQ_VARIANT_DEFAULT = 3
 #: within the noise or worse in one of the two (write_ab k3v4 1.308 -> 1.448 with a 1.18-1.56
 #: spread; run.py 1.288 -> 1.259), so they keep 3 until a cleaner measurement.
 TQ_VARIANT_DEFAULT_3BIT = 4
-TQ_VARIANTS = (0, 1, 2, 3, 4)
+#: 5 (session 14 helper, branch tqw6; compiled for every target, NOT run on a GPU) = 4 plus:
+#: FP8 keys of float16 inputs by the dense fp8 write's fast chunk where k_scale is in
+#: [2^-16, 2^16] and a lane's halves are finite (one float16x2 fma per word tests that), with one
+#: multiply per element for a power-of-two k_scale such as the default 1 (any input dtype);
+#: value codes from two fmas with the scale's rcp.approx nudged by +-2^-17 (equal results are
+#: the near test, arch_models.tq_near_value_codes_v5); the value min / max of float16 words by
+#: min / max.f16x2; key squares by one IMAD on the code (the table's (x, dl) fields,
+#: _tq_bucket_defines imad_squares); the slot's float16 scalars by cvt.rn.satfinite; the sign
+#: words by IMAD with immediates. Static common path (sm_90, fp16, D = 128, scripts/
+#: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
+#: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
+TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
@@ -264,16 +275,23 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_RINT_MAGIC": cuda_float(BKT_MAGIC),
         "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",
     }
-    d.update(_tq_bucket_defines(fmt, int(d["TQ_VARIANT"]) >= 3))
+    v = int(d["TQ_VARIANT"])
+    d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5))
     return d
 
 
 @cache
-def _tq_bucket_defines(fmt: TurboQuantFormat, inf_gaps: bool = False) -> dict[str, str]:
+def _tq_bucket_defines(
+    fmt: TurboQuantFormat, inf_gaps: bool = False, imad_squares: bool = False
+) -> dict[str, str]:
     """The cell-table defines of an MSE-key format (empty without a table); cached per format,
     as the table costs host time on every write call otherwise. Callers copy, never mutate.
     inf_gaps (variant 3): a cell without a midpoint holds +inf instead of NaN, so the sign of
-    RN(mid - t r) is a defined 0 there (arch_models.tq_near_key_index_v3)."""
+    RN(mid - t r) is a defined 0 there (arch_models.tq_near_key_index_v3).
+    imad_squares (variant 5): the last two fields of a cell are X = bits(lo2) - base * Dl and
+    Dl = bits(hi2) - bits(lo2) (uint32, mod 2^32), so the kernel's X + code * Dl is bits(lo2)
+    for code = base and bits(hi2) for code = base + 1 (TQ_BKT_IMAD_SQ=1; one IMAD per key
+    element instead of a comparison and a select)."""
     d: dict[str, str] = {}
     table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
     if table is not None:
@@ -281,10 +299,20 @@ def _tq_bucket_defines(fmt: TurboQuantFormat, inf_gaps: bool = False) -> dict[st
             np.where(np.isnan(table.mid), np.float32(np.inf), table.mid) if inf_gaps else table.mid
         )
         mid_bits = np.asarray(mid, np.float32).view(np.uint32)
-        cells = ",".join(
-            f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
-            for m, b, lo, hi in zip(mid_bits, table.base, table.sq_lo, table.sq_hi)
-        )
+        if imad_squares:
+            lo_b = [int(x) for x in np.asarray(table.sq_lo, np.float32).view(np.uint32)]
+            hi_b = [int(x) for x in np.asarray(table.sq_hi, np.float32).view(np.uint32)]
+            dl = [(h - lo) & 0xFFFFFFFF for lo, h in zip(lo_b, hi_b)]
+            xs = [(lo - int(b) * e) & 0xFFFFFFFF for lo, b, e in zip(lo_b, table.base, dl)]
+            cells = ",".join(
+                f"{{0x{int(m):08X}u,{int(b)},0x{x:08X}u,0x{e:08X}u}}"
+                for m, b, x, e in zip(mid_bits, table.base, xs, dl)
+            )
+        else:
+            cells = ",".join(
+                f"{{0x{int(m):08X}u,{int(b)},{cuda_float(lo)},{cuda_float(hi)}}}"
+                for m, b, lo, hi in zip(mid_bits, table.base, table.sq_lo, table.sq_hi)
+            )
         d.update(
             TQ_BKT="1",
             TQ_BKT_CELLS=str(table.cells),
@@ -297,6 +325,8 @@ def _tq_bucket_defines(fmt: TurboQuantFormat, inf_gaps: bool = False) -> dict[st
             TQ_BKT_TABLE="{" + cells + "}",
             TQ_NEAR_KEY=cuda_float(TQ_NEAR_KEY),
         )
+        if imad_squares:
+            d["TQ_BKT_IMAD_SQ"] = "1"
     return d
 
 

@@ -754,6 +754,61 @@ def tq_near_value_codes_v3(
     return codes, gb.astype(np.uint32), ok & row_ok[..., None]
 
 
+#: Variant 5's relative nudge of the value reciprocal (write_turboquant.cu: r1 = RN(r (1 + 2^-17)),
+#: r2 = RN(r (1 - 2^-17))).
+TQ_V5_NUDGE = np.float32(2.0**-17)
+
+
+def tq_near_value_codes_v5(
+    v: np.ndarray, bits: int, floor_scale: float, r_err: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Variant 5's near value decision for rows v (..., D) float32: (codes, g1 bit patterns, ok)
+    per element. With a = RN(v - lo) (the spec's), r a reciprocal of the row's scale within
+    2^-22 (relative; the kernel's rcp.approx.ftz.f32 is within 1 ulp; the model takes
+    RN(RN(1 / scale) (1 + r_err)), r_err = 0 or +-2^-22 for the extremes), r1 = RN(r (1 + 2^-17)),
+    r2 = RN(r (1 - 2^-17)) (per row): g_i = RN(a r_i + 1.5 * 2^23) (one fma each: the low bits
+    are rint(a r_i), ties to even, while 0 <= a r_i < 2^22), ok = (g1 == g2) (a float
+    comparison: NaN is never equal), code = g1's bits - 1.5 * 2^23's bits. Every row (no range
+    condition on the scale): scale >= floor_scale is normal, and 1 / scale >= 15 / 2^128 is too,
+    or scale = +inf and r = 0 (every finite a gets code 0, the spec's w = 0; an infinite a gives
+    NaN g's).
+
+    Why the code is the spec's floor(Z), Z = RN(RN(w) + 0.5), w = a / scale (real), where ok:
+    r2 < r < r1 (the nudges are 2^6 ulps of r and round to at most half an ulp), a >= 0 (v >= lo;
+    a NaN fails; an infinite a with a finite scale gives g1 = g2 = inf, impossible: a <= RN(hi -
+    lo), so an infinite a makes hi - lo and the scale infinite, r = 0, a r_i NaN), so
+    a r2 <= a r <= a r1 and rint, being monotone, maps all of [a r2, a r1] to k = rint(a r1) =
+    rint(a r2): [a r2, a r1] lies in [k - 1/2, k + 1/2], and a r is at least
+    a min(r - r2, r1 - r) >= a r (2^-17 - 2^-24) / (1 + 2^-24) > 2^-17.02 a r from k +- 1/2.
+    The spec strays less: |a r - w| <= 2^-22 w (r's error), RN(w) within 2^-24 w of w, and the
+    add's rounding is at most half an ulp of Z <= 2 (w + 1/2); for w >= 1/4, Z <= 3 w (1 + 2^-23)
+    and |Z - (w + 1/2)| < 2^-24 w + 2^-24 3.01 w, so |Z - (a r + 1/2)| < 2^-20.4 w < 2^-17.02 a r
+    (a r >= w (1 - 2^-22)): Z - k lies strictly inside (0, 1), floor(Z) = k, and 0 <= k <= top
+    (a r1 <= 15 (1 + 2^-22)^2 (1 + 2^-16.9) < 15.5; w <= 15 (1 + 2^-22) as in
+    tq_near_value_codes), so no clamp applies. For w < 1/4: a r < 1/4 (1 + 2^-21), so k = 0, and
+    Z <= RN(RN(w) + 0.5) < 1: floor(Z) = 0 = k (a = 0 included: g1 = g2 = 1.5 * 2^23, Z = 0.5).
+    """
+    v = np.asarray(v, np.float32)
+    with np.errstate(all="ignore"):
+        lo = np.fmin.reduce(v, axis=-1)
+        hi = np.fmax.reduce(v, axis=-1)
+        top = np.float32((1 << bits) - 1)
+        scale = ((hi - lo) / top).astype(np.float32)
+        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
+        scale = scale.astype(np.float32)
+        r = (np.float32(1) / scale).astype(np.float32)
+        r = (r.astype(np.float64) * (1.0 + r_err)).astype(np.float32)
+        a = (v - lo[..., None]).astype(np.float32)
+        r1 = (r * (np.float32(1) + TQ_V5_NUDGE)).astype(np.float32)
+        r2 = (r * (np.float32(1) - TQ_V5_NUDGE)).astype(np.float32)
+        g1 = fma_f32(a, np.broadcast_to(r1[..., None], a.shape), TQ_RINT_MAGIC)
+        g2 = fma_f32(a, np.broadcast_to(r2[..., None], a.shape), TQ_RINT_MAGIC)
+        ok = g1 == g2
+        gb = g1.view(np.uint32).astype(np.int64)
+        codes = gb - TQ_RINT_MAGIC_BITS
+    return codes, gb.astype(np.uint32), ok
+
+
 def tq_pack_magic_codes(g: np.ndarray, bits: int) -> np.ndarray:
     """Variant 3's packing of E magic bit patterns g (..., E) uint32 (g_j = 1.5 * 2^23's bits +
     k_j, k_j < 2^bits, E * bits <= 32) as the kernel computes it in 32-bit registers:

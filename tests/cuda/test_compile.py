@@ -200,7 +200,10 @@ def test_tensor_core_decode_does_not_spill(arch):
     # the default takes warp slabs there); "nvfp4-rows8": NVFP4's warp slabs for one row tile
     # only (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two); "nvfp4-slabs64" /
     # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
-    # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows).
+    # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows);
+    # "-pairs1": the warp pipes' tile loop two tiles at a time (KVKIT_DECODE_TILE_PAIRS=1, for
+    # A/B runs; sm_90, up to 8 query rows (TurboQuant 4) at head_dim <= 128: also built at
+    # G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -215,17 +218,22 @@ def test_tensor_core_decode_does_not_spill(arch):
         "rows8": ("KVKIT_DECODE_NVFP4_SLAB_ROWS", "8"),
         "slabs64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "1"),
         "cp64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "0"),
+        "pairs1": ("KVKIT_DECODE_TILE_PAIRS", "1"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
                  "nvfp4-rev0", "nvfp4-wpipe0", *TQ, "turboquant_4bit_nc-tqv0",
                  "turboquant_k8v4-tqv0", "turboquant_4bit_nc-tqslab0",
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
-                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64"):  # fmt: skip
+                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs1",
+                 "turboquant_4bit_nc-pairs1"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
-        for group, q_len, d, q_dtype in ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"),
-                                         (4, 1, 256, "1"), (2, 4, 256, "2")):  # fmt: skip
+        shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
+                  (2, 4, 256, "2"))  # fmt: skip
+        if switch == "pairs1":
+            shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"))
+        for group, q_len, d, q_dtype in shapes:
             defines = dict(formats.get(name, d).cuda_defines())
             defines.update(KV_IN_DTYPE=q_dtype, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
             if switch:
@@ -273,18 +281,23 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
 # Three targets (the software-conversion, Hopper and consumer-Blackwell builds): all seven
 # took ~170 s of CI's ten minutes; the default builds (test_no_kernel_spills, every target)
 # include variant 4 through 3bit_nc.
+# Variant 5 (branch tqw6: fast FP8 keys, nudged value reciprocals, float16x2 value min / max,
+# key squares by IMAD) the same way; the helper also built it for sm_86, sm_89 and sm_100a
+# (benchmarks/NOTES.md "tqw6").
+@pytest.mark.parametrize("variant", ["4", "5"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
-def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
+def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
-    fallback): every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every input
-    dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the default)."""
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
+    fallback) and 5: every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every
+    input dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the
+    default)."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
     bad, cases, jobs = [], [], []
     for name in TQ:
         for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
             for dt in ("0", "1", "2"):
                 defines = _defines(name, d, dt)
-                assert defines["TQ_VARIANT"] == "4"
+                assert defines["TQ_VARIANT"] == variant
                 cases.append((name, d, dt))
                 jobs.append(("write_turboquant.cu", defines, arch))
     for (name, d, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
@@ -296,7 +309,10 @@ def test_turboquant_write_variant_4_does_not_spill(arch, monkeypatch):
 
 
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
-@pytest.mark.parametrize("arch, variant", [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3")])
+@pytest.mark.parametrize(
+    "arch, variant",
+    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
+)
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 and 3 (the default): no shuffle / vote runs under a branch that
     only some lanes take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as

@@ -1169,3 +1169,121 @@ def test_merge_states_argument_errors(cp):
         cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.float32), cp.zeros((2, 3), cp.float32))
     with pytest.raises(TypeError):
         cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.int32), cp.zeros((2, 2), cp.float32))
+
+
+# --- tile pairs (KVKIT_DECODE_TILE_PAIRS, decode_mma_pairs.cuh) ------------------------------
+# The warp pipes' slab launches (sm_90+ but sm_120, G * q_len <= 8, head_dim <= 128) take two
+# tiles per loop iteration: one softmax step per 32 tokens of a warp and one fresh PV
+# accumulator per m-tile for both tiles, so the float32 operations come in another order and
+# the builds agree within float32 reassociation (SPLIT_INVARIANCE_RTOL), not bit for bit; each
+# is within DECODE_GPU_RTOL of float64. On GPUs without bulk copies (and through
+# KVKIT_ARCH=sm_80 / sm_89) both values build the same code.
+PAIR_NAMES = ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc"]
+# Per split: 37 (one partial tile), 64 (one tile), 3 tiles (odd, the last one partial), 4 tiles
+# (even), 6 tiles ragged (5 bs + 9 at bs 64), 300 (5 tiles, partial), 130 (3 tiles, partial).
+PAIR_LENS = [37, 64, 2 * 64 + 9, 4 * 64, 300, 130]
+
+
+@pytest.mark.parametrize("name", PAIR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (4, 2), (2, 4)])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_tile_pairs_match_the_single_tile_build(cp, name, group, q_len, block_size, window,
+                                                monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_TILE_PAIRS=1 against 0: odd and even tile counts per split (1 and 3
+    splits), a single (partial or full) tile, ragged ends (warps of the last tile without a
+    page), pages below, at and above the 64-token tile, a window, causal q_len > 1 (the masks
+    per tile of a pair), 1-8 query rows (TurboQuant pairs only up to 4 at head_dim 128:
+    KV_TILE_PAIRS_ROWS; above, both values build the same code)."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9], window=window,
+                seed=block_size + 3 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc"])
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90), (8, 1, 5)])
+def test_tile_pairs_at_head_dim_64(cp, name, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 (NVFP4 and TurboQuant warp slabs there too)."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window, seed=7 + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", PAIR_NAMES)
+@pytest.mark.parametrize("group", [4, 8])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_tile_pairs_refill_their_page_windows(cp, name, group, block_size, window,
+                                              monkeypatch):  # fmt: skip
+    """Splits of more than 32 tiles (70: even, 33: odd, the last tile single) refill the warp
+    pipes' 32-tile page windows between pairs (decode_mma_pairs.cuh: STAGES even, so a pair's
+    two issues never straddle a window); a window start moves the first tile off token 0.
+    No flag; within float32 reassociation of the single-tile build and of float64."""
+    case = Case(name, head_dim=128, hkv=1, group=group, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", PAIR_NAMES)
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_tile_pairs_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries (as assert_bad_pages_agree: one past the cache, -1, a huge
+    entry, -1 at the first tile of the second page window, a bad page for warp 3 of tile 40)
+    under KVKIT_DECODE_TILE_PAIRS=1 and 0: the same flag (bit 2) at 1, 3 and MAX_SPLITS splits,
+    the outputs within float32 reassociation (bad pages masked per tile of a pair)."""
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
+                seed=block_size)  # fmt: skip
+    bt = case.block_tables.copy()
+    bt[0, 1] = case.gpu.num_blocks
+    bt[0, 5] = -1
+    bt[1, 0] = 2**31 - 1
+    bt[3, 33 * 64 // block_size] = -1
+    bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3
+    for num_splits in (1, 3, MAX_SPLITS):
+        outs = []
+        for value in ("1", "0"):
+            monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", value)
+            case.gpu.error_flag.fill(0)
+            o, lse = case.run(num_splits, block_tables=bt)
+            outs.append((o, lse, case.flag()))
+        (o1, lse1, f1), (o0, lse0, f0) = outs
+        assert f1 == f0 and f0 & 2, (num_splits, f1, f0)
+        assert rel_error(o1, o0) <= SPLIT_INVARIANCE_RTOL, num_splits
+        assert lse_error(lse1, lse0) <= SPLIT_INVARIANCE_RTOL, num_splits
+
+
+@pytest.mark.parametrize("name", PAIR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
+def test_tile_pairs_match_float64_at_every_split_count(cp, name, group, q_len, monkeypatch):
+    """Under KVKIT_DECODE_TILE_PAIRS=1, every split count (1, 3, MAX_SPLITS, the heuristic)
+    within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with
+    sinks and a soft-cap (the pair's logits path)."""
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=11 + group)  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("name, head_dim, group, q_len, pages", [
+    (name, *shape) for name in ("nvfp4", "turboquant_4bit_nc")
+    for shape in ((128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"),
+                  (256, 4, 1, "hnd16"))
+] + [("turboquant_4bit_nc", 128, 8, 1, "hnd16"),
+       ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
+def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len, pages,
+                                               monkeypatch):  # fmt: skip
+    """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
+    token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
+    stages), 16 query rows, head_dim 256 and TurboQuant above 4 rows at head_dim 128
+    (KV_TILE_PAIRS_ROWS: no pair build)."""
+    block_size = int(pages[3:])
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
+                seed=block_size + group)  # fmt: skip
+    if pages.startswith("nhd"):
+        store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0")

@@ -638,3 +638,149 @@ def test_nvfp4_4over6_each_variant_equals_numba(in_dtype, d, monkeypatch):
             got[variant] = plane_bytes(gpu)
         for name in got["0"]:
             assert np.array_equal(got["0"][name], got["1"][name]), name
+
+
+# --- TurboQuant write variant 5 (KVKIT_WRITE_TQ_VARIANT=5; branch tqw6, benchmarks/NOTES.md) ---
+TQ_NAMES = [n for n in formats.names() if n.startswith("turboquant")]
+
+
+def _tq5_rows(rng, n, heads, d, in_dtype):
+    """(k32, v32, k_in, v_in): Gaussian rows of mixed magnitudes, small-integer rows (value
+    quotients on exact code boundaries: the nudged-reciprocal test must fall back there), rows
+    with NaN / inf / -0 / denormals, all-zero and all-NaN rows, rows whose key norm, value scale
+    and value zero saturate the slot's float16 scalars (float32 / bfloat16 inputs), and rows
+    with one huge element (the exact key fallback)."""
+    k = rng.standard_normal((n, heads, d)) * 10.0 ** rng.uniform(-3, 3, (n, heads, 1))
+    v = rng.standard_normal((n, heads, d)) * 10.0 ** rng.uniform(-3, 3, (n, heads, 1))
+    big = 60000.0 if in_dtype == "float16" else 1e7
+    for t in range(n):
+        h = t % heads
+        kind = t % 9
+        if kind == 1:  # small integers and halves: exact value code boundaries
+            k[t, h] = rng.integers(-8, 9, d) * 0.5
+            v[t, h] = rng.integers(-8, 9, d) * rng.choice([0.5, 0.25, 1.0, 3.0])
+        elif kind == 2:  # specials in both
+            for x in (k, v):
+                idx = rng.choice(d, 4, replace=False)
+                x[t, h, idx] = rng.choice(SPECIAL_VALUES, 4)
+        elif kind == 3:  # all zero (signed zeros in V)
+            k[t, h] = 0.0
+            v[t, h] = np.where(rng.random(d) < 0.5, -0.0, 0.0)
+        elif kind == 4:  # all NaN
+            k[t, h] = np.nan
+            v[t, h] = np.nan
+        elif kind == 5:  # saturating scalars (float16 inputs: the largest finite halves)
+            k[t, h] = rng.choice([-1.0, 1.0], d) * big
+            v[t, h] = rng.uniform(-big, big, d)
+            v[t, h, :2] = [-big, big]
+        elif kind == 6:  # one huge key element among tiny ones; a V row of one value
+            k[t, h] *= 1e-3
+            k[t, h, rng.integers(d)] = big
+            v[t, h] = 3.25
+        elif kind == 7:  # +-inf rows
+            k[t, h, rng.integers(d)] = np.inf
+            v[t, h, rng.integers(d)] = -np.inf
+    k32 = np.clip(k, -3.0e38, 3.0e38).astype(np.float32)
+    v32 = np.clip(v, -3.0e38, 3.0e38).astype(np.float32)
+    if in_dtype == "float16":
+        with np.errstate(over="ignore"):
+            k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        return k_in.astype(np.float32), v_in.astype(np.float32), k_in, v_in
+    if in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        return codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in), k_in, v_in
+    return k32, v32, k32, v32
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_variant_5_equals_numba(name, in_dtype, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=5 (fast FP8 keys of float16 inputs, value codes from two nudged
+    reciprocals, float16x2 value min / max, key squares by one IMAD, float16 scalars by
+    cvt.satfinite): the Numba backend's bytes at D = 64 / 128 / 256 (k8v4 also 48 and 512), three
+    heads, permuted slots with padding (-1, -5), for K scales 1, 0.5 and 2^16 (powers of two:
+    one multiply per key element), 0.3712 and 1 / 448 (the reciprocal path), and 2^16 (1 + 2^-23)
+    (outside the fast range: the per-element path)."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "5")
+    dims = (48, 64, 128, 256, 512) if name == "turboquant_k8v4" else MSE_DIMS
+    for d in dims:
+        fmt = formats.get(name, d)
+        heads, bs, nb = 3, 16, 4
+        n = nb * bs - 5
+        rng = np.random.default_rng(d * 7 + len(in_dtype))
+        k32, v32, k_in, v_in = _tq5_rows(rng, n, heads, d, in_dtype)
+        slots = rng.permutation(nb * bs)[:n].astype(np.int64 if d % 128 else np.int32)
+        slots[rng.random(n) < 0.15] = -1
+        slots[3] = -5
+        scales = [1.0]
+        if fmt.has_global_scales:
+            scales = [1.0, 0.5, 2.0**16, 0.3712, 1.0 / 448.0, 2.0**16 * 1.0000001]
+        for ks in scales:
+            cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d, scales=(ks, 1.0))
+            write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+            assert int(gpu.error_flag.get()[0]) == 0
+            context = f"variant 5 {name} D={d} {in_dtype} k_scale {ks!r}"
+            assert_planes_equal(cpu, gpu, context=context)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "scale",
+    [2.0**-16, 2.0**-16 * 0.99999994, 2.0**16, 2.0**16 * 1.0000001, 1.0, 0.5, 2.0**-7, 1.0 / 448.0,
+     0.3712, 7.25, 2.0**-149, 3.0e38],
+)  # fmt: skip
+def test_turboquant_variant_5_fp8_keys_every_half(scale, monkeypatch):
+    """Variant 5's FP8 keys of float16 inputs: every float16 pattern as a key element, at K scales
+    inside [2^-16, 2^16] (powers of two: one multiply; others: the reciprocal with two
+    corrections) and just outside (the per-element path), and rows whose lanes mix finite halves
+    with inf / NaN ones (that lane takes the per-element path): the Numba backend's bytes."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "5")
+    d = 128
+    fmt = formats.get("turboquant_k8v4", d)
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    finite = h[(h & 0x7FFF) < 0x7C00]
+    special = h[(h & 0x7FFF) >= 0x7C00]
+    rows = np.concatenate([finite, np.resize(finite, (-finite.size) % d)]).reshape(-1, d)
+    mixed = np.resize(finite[::97], (special.size // 8 + 1) * d).reshape(-1, d)
+    mixed[:, 8] = 0x7C00  # one lane's piece holds +inf; the other lanes are finite
+    mixed[: special.size // 8, 40:48] = np.resize(special, (special.size // 8, 8))
+    k16 = np.concatenate([rows, mixed]).view(np.float16)[:, None, :]
+    n = k16.shape[0]
+    rng = np.random.default_rng(5)
+    v16 = rng.standard_normal((n, 1, d)).astype(np.float16)
+    k32, v32 = k16.astype(np.float32), v16.astype(np.float32)
+    bs = 16
+    cpu, gpu = make_layers(fmt, 1, -(-n // bs), bs, seed=9, scales=(scale, 1.0))
+    slots = rng.permutation(-(-n // bs) * bs)[:n].astype(np.int32)
+    write_both(cpu, gpu, k32, v32, k16, v16, slots, "float16")
+    assert_planes_equal(cpu, gpu, context=f"variant 5 k8v4 scale {scale!r}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_variant_5_equals_default_on_gaussian_rows(name, monkeypatch):
+    """Variant 5 and the default variant write the same bytes on 4096 Gaussian float16 token-heads
+    (D = 128, 8 heads, page-ordered slots, the benchmark's shape scaled down)."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    d, heads, bs = 128, 8, 16
+    fmt = formats.get(name, d)
+    n = 512
+    rng = np.random.default_rng(17)
+    k = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    v = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    slots = cupy.arange(n, dtype=cupy.int32)
+    got = {}
+    for variant in ("", "5"):
+        if variant:
+            monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+        else:
+            monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
+        _, gpu = make_layers(fmt, heads, n // bs, bs, seed=1)
+        write_rows(gpu, k, v, slots, "float16")
+        got[variant] = plane_bytes(gpu)
+    for pname in got[""]:
+        assert np.array_equal(got[""][pname], got["5"][pname]), pname

@@ -59,7 +59,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "5")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "6")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -108,10 +108,16 @@ def test_variant_default_and_override(monkeypatch):
     assert "0x7FC00000u" not in d["TQ_BKT_TABLE"] and "TQ_BKT_UA" in d
     # Variant 4 (window packing of 3-bit codes): variant 3's table and near decisions.
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
-    assert TQ_VARIANTS == (0, 1, 2, 3, 4)
+    assert TQ_VARIANTS == (0, 1, 2, 3, 4, 5)
     d4 = tq_launch_defines(formats.get("turboquant_3bit_nc", 128), "1")
     assert d4["TQ_VARIANT"] == "4" and "0x7F800000u" in d4["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 4
+    # Variant 5 (tqw6): variant 3's table with the squares as (x, dl) bit fields.
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "5")
+    d5 = tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
+    assert d5["TQ_VARIANT"] == "5" and d5["TQ_BKT_IMAD_SQ"] == "1"
+    assert "0x7F800000u" in d5["TQ_BKT_TABLE"]
+    assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
 
 
 def test_dense_variant_default_and_override(monkeypatch):

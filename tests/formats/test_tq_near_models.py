@@ -135,11 +135,20 @@ def _spec_value_codes(v, bits):
         return np.clip(z, 0, top).astype(np.int64)
 
 
+def _v5(v, bits, r_err):
+    return arch_models.tq_near_value_codes_v5(v, bits, V_SCALE_FLOOR, r_err)[::2]
+
+
 # The write kernel's near value decisions: variant 2 (tq_near_value_codes) and variant 3 and
-# later (tq_near_value_codes_v3, which also returns the fma's bit pattern): (codes, ok) each.
+# later (tq_near_value_codes_v3, which also returns the fma's bit pattern) and variant 5
+# (tq_near_value_codes_v5, two nudged reciprocals): (codes, ok) each.
 VALUE_MODELS = {
     "v2": lambda v, bits: arch_models.tq_near_value_codes(v, bits, V_SCALE_FLOOR),
     "v3": lambda v, bits: arch_models.tq_near_value_codes_v3(v, bits, V_SCALE_FLOOR)[::2],
+    # variant 5 with its row reciprocal exact (RN) and 2^-22 above / below (rcp.approx's range)
+    "v5": lambda v, bits: _v5(v, bits, 0.0),
+    "v5+": lambda v, bits: _v5(v, bits, 2.0**-22),
+    "v5-": lambda v, bits: _v5(v, bits, -(2.0**-22)),
 }
 
 

@@ -1,0 +1,330 @@
+// decode_mma_pairs.cuh: the tile-pair loop of the tensor-core stage 1 (KVD_TILE_PAIRS,
+// decode_core.cuh), included inside kv_stage1_body (decode_mma.cuh) just before its
+// single-tile loop, in the scope of that loop (pipe, the query addresses, rsc / pos, the
+// softmax state). It defines i_rest, the first tile the single-tile loop takes.
+//
+// Slab launches of warp pipes take tiles i, i + 1 per iteration: both waited, both tiles'
+// scores (the query fragments loaded once for both), one online-softmax step over the warp's
+// 32 tokens (one max, one rescale test, one l update), both tiles' P parts into one fresh PV
+// accumulator per m-tile (kv_pv_mtile2: one IEEE add per 32 tokens), and one loop / PDL test.
+// Per tile, as in the single-tile body: the masks (split range, page, causal offsets, window)
+// and the fully-visible fast path. An odd last tile, and every tile of launches without
+// slabs, is the single-tile loop's.
+//
+// Pipeline (STAGES = 4, decode_core.cuh): the prologue issued tiles 0 .. STAGES - 3; the pair
+// at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
+// (read by the pair before, which the warp barrier orders before the copies), so tiles
+// i .. i + STAGES - 1 are issued when the pair computes: every tile is waited by the pair or
+// the single tile that reads it (none past n_tiles is issued: issue() copies nothing there).
+// Page windows (advance_pages): with an even STAGES both issues of a pair lie in one 32-tile
+// window (i + STAGES - 2 is even), and the refill before tile 32 w happens after the pair
+// whose second issue is tile 32 w - 1 (advance_pages(i): j = i + STAGES).
+//
+// Numerics: float32 as in the single-tile body (DESIGN.md section 4), in another order: one
+// softmax rescale point per 32 tokens, l += (p0 + p1) + (p2 + p3), and the fresh PV
+// accumulator takes four (six for bf16 parts) mma products per lane before its one add.
+static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
+                  !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
+              "tile pairs: warp pipes with register keys and values only (sm_90+ slabs)");
+static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
+int i_rest = 0;
+if (pipe.slabs) {
+#pragma unroll 1
+    for (; i_rest + 1 < n_tiles; i_rest += 2) {
+        const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
+        // PDL: at the start of the pair that holds the last tile.
+        if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
+        pipe.wait<STAGES - 2>(ia);
+        pipe.wait<STAGES - 2>(ia + 1);
+        pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
+        pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
+        pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
+        pipe.advance_pages(ia);
+        bool whp[2];
+        int t0[2];
+        int n_tile[2];
+        const unsigned char* kr[2][2][4];  // [h][tt][plane]: score tokens g, g + 8
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            whp[h] = pipe.warp_has_page_at(h);
+            t0[h] = pipe.first_token(ia + h);
+            n_tile[h] = pipe.tile_tokens(ia + h);
+            const unsigned char* s = pipe.stage(ia + h);
+            pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kr[h][0]);
+            pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kr[h][1]);
+        }
+
+        // (a2) pair scores: S^T = K Q^T for both tiles; each query fragment loaded once.
+        float sc[2][NR][4];
+        float sq[2][NR][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) sc[h][nr][e] = sq[h][nr][e] = 0.f;
+            }
+        }
+        (void)sq;
+        unsigned kraw[2][2][KV_MMA_KRAW];
+        float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            kv_mma_kload(kr[h][0], c, kraw[h][0]);
+            kv_mma_kload(kr[h][1], c, kraw[h][1]);
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+#if KV_HAS_KMUL
+                km[h][tt] = kv_family_kmul(kr[h][tt]);
+#else
+                km[h][tt] = 1.f;
+#endif
+            }
+        }
+#pragma unroll
+        for (int ks = 0; ks < KS; ks += 2) {
+            unsigned qh[NR][4];
+            unsigned ql[NR][4];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+                kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * QSTR + ks * 32);
+#if KV_MMA_QSPLIT && !KV_MMA_PACK
+                kv_ldsm_x4(ql[nr], ql_addr + nr * 16 * QSTR + ks * 32);
+#endif
+            }
+            (void)ql;
+#pragma unroll
+            for (int u = 0; u < 2; ++u) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    unsigned ah[4];
+                    kv_mma_kstep_sel(false, kraw[h][0], ks + u, tab_s, &ah[0], &ah[2]);
+                    kv_mma_kstep_sel(false, kraw[h][1], ks + u, tab_s, &ah[1], &ah[3]);
+#pragma unroll
+                    for (int nr = 0; nr < NR; ++nr) {
+                        kv_mma_f16(sc[h][nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
+#if KV_MMA_QSPLIT && !KV_MMA_PACK
+                        kv_mma_f16(sq[h][nr], ah, ql[nr][2 * u], ql[nr][2 * u + 1]);
+#endif
+                    }
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+#if KV_MMA_PACK
+                    // The q lo chain sits in lane c ^ 2 (columns r + 4); the same add.
+                    if constexpr (KV_MMA_QSPLIT)
+                        sc[h][nr][e] += __shfl_xor_sync(KV_FULL_MASK, sc[h][nr][e], 2);
+#elif KV_MMA_QSPLIT
+                    sc[h][nr][e] += sq[h][nr][e];  // the q lo chain
+#endif
+                }
+            }
+        }
+
+        // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
+        // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
+        bool full[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            full[h] = !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
+                      (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
+                      (window <= 0 || t0[h] >= seq_len - window) && whp[h];
+        }
+        float p[NR][2][4];  // [nr][j][2 h + tt]: logits, then weights
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                    for (int tt = 0; tt < 2; ++tt) {
+                        float x = sc[h][nr][2 * tt + j] * km[h][tt] * rsc[nr][j];
+                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
+                        p[nr][j][2 * h + tt] = x;
+                    }
+                }
+            }
+        }
+        bool ok[2][2] = {{true, true}, {true, true}};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            if (!full[h]) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    const int t = tw0 + kv_mma_tok(g + 8 * tt);
+                    ok[h][tt] = t < n_tile[h] && whp[h];
+                }
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                        for (int tt = 0; tt < 2; ++tt) {
+                            const int tok = t0[h] + tw0 + kv_mma_tok(g + 8 * tt);
+                            const int pj = row_pos(nr, j);
+                            const bool vis = ok[h][tt] && tok <= pj &&
+                                             (window <= 0 || tok > pj - window);
+                            if (!vis) p[nr][j][2 * h + tt] = kv_neg_inf();
+                        }
+                    }
+                }
+            }
+        }
+        float alpha[NR][2];
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                float mx = fmaxf(fmaxf(p[nr][j][0], p[nr][j][1]), fmaxf(p[nr][j][2], p[nr][j][3]));
+                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
+                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
+                const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4) p[nr][j][q4] = kv_online_p<true>(p[nr][j][q4], stp);
+                l_r[nr][j] = l_r[nr][j] * stp.alpha +
+                             ((p[nr][j][0] + p[nr][j][1]) + (p[nr][j][2] + p[nr][j][3]));
+                m_r[nr][j] = stp.m_new;
+                alpha[nr][j] = stp.alpha;
+            }
+        }
+        bool rescale = false;
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) rescale |= alpha[nr][0] != 1.f || alpha[nr][1] != 1.f;
+        if (__any_sync(KV_FULL_MASK, rescale)) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi) {
+                    acc[nr][mi][0] *= alpha[nr][0];
+                    acc[nr][mi][1] *= alpha[nr][1];
+                    acc[nr][mi][2] *= alpha[nr][0];
+                    acc[nr][mi][3] *= alpha[nr][1];
+                }
+            }
+        }
+
+        // (c2) pair PV: O^T += V^T P^T for both tiles, one fresh accumulator per m-tile.
+#if KV_MMA_PV_BF16
+        constexpr int NPART = KV_MMA_PACK ? 2 : 3;
+        float vs[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
+#if KV_MMA_VCODES
+        // The tokens' value scale and zero from row pointers worked out again from an opaque
+        // copy of the tile index: the score's pointers (kr) would otherwise be held through
+        // the softmax (TurboQuant at 8 rows spilled on sm_90 with them).
+        const unsigned char* kv[2][2][4];
+        {
+            int io;
+            asm volatile("mov.b32 %0, %1;" : "=r"(io) : "r"(ia));
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const unsigned char* s = pipe.stage(io + h);
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kv[h][0]);
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kv[h][1]);
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+                float sc_t = 0.f, z_t = 0.f;
+                if (ok[h][tt]) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
+                vs[h][tt] = sc_t;
+#pragma unroll
+                for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                    for (int j = 0; j < 2; ++j) {
+                        if (h == 0 && tt == 0) z_r[nr][j] *= alpha[nr][j];
+                        z_r[nr][j] = fmaf(p[nr][j][2 * h + tt], z_t, z_r[nr][j]);
+                    }
+                }
+            }
+        }
+#endif
+        unsigned bp[2][NR][NPART][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    unsigned t3[3];
+                    kv_split3_bf16x2(p[nr][0][2 * h + tt] * vs[h][tt],
+                                     p[nr][1][2 * h + tt] * vs[h][tt], t3);
+#if KV_MMA_PACK
+                    bp[h][nr][0][tt] = kv_movmatrix_trans(c < 2 ? t3[0] : t3[1]);
+                    bp[h][nr][1][tt] = kv_movmatrix_trans(c < 2 ? t3[2] : 0u);
+#else
+#pragma unroll
+                    for (int k = 0; k < 3; ++k) bp[h][nr][k][tt] = kv_movmatrix_trans(t3[k]);
+#endif
+                }
+            }
+        }
+#else
+        constexpr int NPART = 2;
+        unsigned bp[2][NR][NPART][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    unsigned hi, lo;
+                    kv_split_f16x2(p[nr][0][2 * h + tt] * P_SCALE, p[nr][1][2 * h + tt] * P_SCALE,
+                                   &hi, &lo);
+                    bp[h][nr][0][tt] = kv_movmatrix_trans(hi);
+                    bp[h][nr][1][tt] = kv_movmatrix_trans(lo);
+                }
+            }
+        }
+#endif
+        // V^T's A fragments from registers, per tile as in the single-tile body.
+        unsigned vraw[2][4][KV_MMA_VRAW];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const unsigned char* s = pipe.stage(ia + h);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                const unsigned char* rv[4];
+                pipe.rows_slabs(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
+                kv_mma_vload(rv, g, vraw[h][k]);
+            }
+#if !KV_MMA_VCODES
+            // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
+            if (!full[h]) {
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    const int t = tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1));
+                    if (!(t < n_tile[h] && whp[h])) {
+#pragma unroll
+                        for (int e = 0; e < KV_MMA_VRAW; ++e) vraw[h][k][e] = 0u;
+                    }
+                }
+            }
+#endif
+        }
+#pragma unroll
+        for (int mi = 0; mi < MT; ++mi) {
+            unsigned av[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                kv_mma_vpair_sel(false, vraw[h][0], vraw[h][1], mi, &av[h][0], &av[h][1]);
+                kv_mma_vpair_sel(false, vraw[h][2], vraw[h][3], mi, &av[h][2], &av[h][3]);
+            }
+            kv_pv_mtile2<NPART>(&acc[0][mi], av, bp, MT);
+        }
+        // (e2) pair end
+    }
+    // An odd tile count leaves the last tile to the single-tile loop, which issues tile
+    // i_rest + STAGES - 1 and finds tile i_rest's page bit at STAGES - 1: the issue of tile
+    // i_rest + STAGES - 2 (past the last tile: no copy, the bit shift only) keeps both.
+    if (i_rest < n_tiles) pipe.issue(i_rest + STAGES - 2, KV_PLANE_PARAMS);
+}
