@@ -146,7 +146,14 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // there four stages (9.5 KB each at 4 bits) beside the key table and 5-8 rows' query buffers
 // are 59-64 KB per CTA (sm_90 PTX), three CTAs per SM instead of four; 4 rows take 51-55 KB.
 // Below 128 the single-tile build has four stages already (pairs cost no shared memory).
+// None at D >= 128 for FP8 keys (k8v4's warp slabs, KVKIT_DECODE_TQ_SLABS=1 for A/B runs:
+// 12.5 KB stages) or without the packed mma columns (KVKIT_DECODE_TQ_VARIANT=0: larger query
+// buffers): four stages would not leave four CTAs per SM there.
+#if KV_HEAD_DIM >= 128 && (TQ_KEY_FP8 || !KV_MMA_PACK_OK)
+#define KV_TILE_PAIRS_ROWS 0
+#else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
+#endif
 // -DKVKIT_DECODE_TQ3 (kvkit/cuda/decode.py; A/B runs): 1 takes the cheaper 3-bit plans, 0 the
 // build before them. Two changes, each where the static counts (scripts/sass_path.py, sm_90,
 // executed warp instructions per warp-tile; session 12) show a gain:

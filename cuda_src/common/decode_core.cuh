@@ -164,8 +164,8 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
-// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, env KVKIT_DECODE_TILE_PAIRS, kvkit/cuda/decode.py; A/B
-// builds): the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
+// Tile pairs (default 1; KVKIT_DECODE_TILE_PAIRS=0 / 1, kvkit/cuda/decode.py, for A/B builds):
+// the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
 // slab launches: one online-softmax update and one fresh-accumulator add per m-tile for the
 // warp's 32 tokens instead of two of each, and one loop / PDL / wait bookkeeping per pair.
 // The stage-1 kernels are issue-bound (~0.7 warp instructions per scheduler cycle on the H200):
@@ -176,13 +176,18 @@
 // Not on sm_120 (KVKIT_ARCH >= 1200): its ~100 KB of shared memory per SM holds two CTAs of
 // four stages (47-55 KB) where it holds three of the single-tile build's (26-48 KB), and its
 // ptxas spilled 12-200 bytes at 128 registers with pairs (sm_90 and sm_100a: none).
+// Measured on the H200 (session 14, call 3; graph ms, 0 -> 1, two runs each; Hq 32, Hkv 8):
+// NVFP4 (64, 8192) 0.2322 / 0.2317 -> 0.2149 / 0.2237, (1, 131072) 0.0650 / 0.0658 -> 0.0625 /
+// 0.0625, (32, 4096) -4%, (8, 8192) -0.5%, D = 64 (32, 4096) 0.0523 -> 0.0442, but (1, 32768)
+// 0.0227 -> 0.0235 (+3.5%); TurboQuant 4bit / 3bit / k3v4 -7 to -11% at every shape ((64,
+// 8192) 4bit 0.2925 / 0.3003 -> 0.2596 / 0.2705).
 // KV_TILE_PAIRS_ROWS (a family's choice, default 8): the most query rows (G * q_len) with
 // pairs, where four stages keep a CTA within a quarter of an SM's shared memory (four CTAs per
 // SM; decode_mma.cuh checks it).
 #if defined(KVKIT_DECODE_TILE_PAIRS)
 #define KVD_TILE_PAIRS_ON KVKIT_DECODE_TILE_PAIRS
 #else
-#define KVD_TILE_PAIRS_ON 0
+#define KVD_TILE_PAIRS_ON 1
 #endif
 #ifndef KV_TILE_PAIRS_ROWS
 #define KV_TILE_PAIRS_ROWS 8

@@ -239,17 +239,27 @@ TQ_VARIANT_DEFAULT_3BIT = 4
 #: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
 #: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
 TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
+#: Variant 5 is the default for FP8 keys (k8v4). Measured on the H200 (session 14, call 3;
+#: scripts/write_ab.py --rounds 4, kernel ms, 4M token-heads, default -> 5): k8v4 1.247 ->
+#: 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales (--unit-scales); its GPU write tests
+#: passed natively and through sm_80, memcheck clean. The MSE presets measured 4bit_nc 1.264
+#: -> 1.251, 3bit_nc 1.239 -> 1.298, k3v4 1.323 -> 1.387 with 5's spread 1.12-1.48 over the
+#: rounds: not taken for them until a cleaner measurement.
+TQ_VARIANT_DEFAULT_FP8_KEYS = 5
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
     """``TQ_VARIANT`` of ``kvkit_write_turboquant``: the environment's KVKIT_WRITE_TQ_VARIANT
     (TQ_VARIANTS) or the default (TQ_VARIANT_DEFAULT; TQ_VARIANT_DEFAULT_3BIT for 3-bit keys
-    and values); 2, 3 and 4 fall back to 1 for MSE keys without a cell table (the near
-    decisions need one) or whose table fails ``tq_near_table_ok``."""
+    and values, TQ_VARIANT_DEFAULT_FP8_KEYS for FP8 keys); 2, 3 and 4 fall back to 1 for MSE
+    keys without a cell table (the near decisions need one) or whose table fails
+    ``tq_near_table_ok``."""
     override = _env_int("KVKIT_WRITE_TQ_VARIANT", TQ_VARIANTS)
     default = TQ_VARIANT_DEFAULT
     if fmt.key_kind == "mse" and fmt.key_bits == 3 and fmt.value_bits == 3:
         default = TQ_VARIANT_DEFAULT_3BIT
+    elif fmt.key_kind != "mse":
+        default = TQ_VARIANT_DEFAULT_FP8_KEYS
     v = default if override is None else override
     if v >= 2 and fmt.key_kind == "mse":
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)

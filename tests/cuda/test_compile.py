@@ -201,9 +201,10 @@ def test_tensor_core_decode_does_not_spill(arch):
     # only (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two); "nvfp4-slabs64" /
     # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
     # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows);
-    # "-pairs1": the warp pipes' tile loop two tiles at a time (KVKIT_DECODE_TILE_PAIRS=1, for
-    # A/B runs; sm_90, up to 8 query rows (TurboQuant 4) at head_dim <= 128: also built at
-    # G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows).
+    # "-pairs0": the warp pipes' tile loop one tile at a time (KVKIT_DECODE_TILE_PAIRS=0, for
+    # A/B runs; the default takes two on sm_90 up to 8 query rows (TurboQuant 4) at head_dim
+    # <= 128, so the default nvfp4 and turboquant_4bit_nc builds are also built at G x q_len =
+    # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -218,20 +219,20 @@ def test_tensor_core_decode_does_not_spill(arch):
         "rows8": ("KVKIT_DECODE_NVFP4_SLAB_ROWS", "8"),
         "slabs64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "1"),
         "cp64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "0"),
-        "pairs1": ("KVKIT_DECODE_TILE_PAIRS", "1"),
+        "pairs0": ("KVKIT_DECODE_TILE_PAIRS", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
                  "nvfp4-rev0", "nvfp4-wpipe0", *TQ, "turboquant_4bit_nc-tqv0",
                  "turboquant_k8v4-tqv0", "turboquant_4bit_nc-tqslab0",
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
-                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs1",
-                 "turboquant_4bit_nc-pairs1"):  # fmt: skip
+                 "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs0",
+                 "turboquant_4bit_nc-pairs0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
-        if switch == "pairs1":
+        if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"))
         for group, q_len, d, q_dtype in shapes:
             defines = dict(formats.get(name, d).cuda_defines())

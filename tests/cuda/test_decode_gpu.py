@@ -430,11 +430,26 @@ def test_32bit_and_64bit_copy_addresses_agree(cp, name, block_size, group, monke
         assert lse_error(lse32, ref_lse) <= DECODE_GPU_RTOL
 
 
+# Switches whose two values can put one build in the tile-pair loop (KVKIT_DECODE_TILE_PAIRS,
+# the default, where warp pipes run on slabs) and the other in the single-tile loop: the pair
+# loop sums in another float32 order, so the bit-for-bit comparisons of these switches pin
+# single-tile builds on both sides (the pair loop has tests of its own, against the
+# single-tile build and float64: test_tile_pairs_*).
+_TILE_LOOP_SWITCHES = {
+    "KVKIT_DECODE_NVFP4_BULK", "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TQ_SLABS",
+    "KVKIT_DECODE_TQ_SLABS64", "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "KVKIT_DECODE_BULK_RUNS",
+    "KVKIT_DECODE_NVFP4_SLAB_ROWS",
+}
+
+
 def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all"):
     """Run ``case`` with 1 and 3 splits under ``var=new`` and ``var=old`` (None: unset, the
     default build): no flag either way; the two agree bit for bit (``exact="all"``), in lse
     only with o within float32 reassociation (``"lse"``), or both within it (``"none"``); and
-    the new build matches the float64 reference."""
+    the new build matches the float64 reference. Switches of _TILE_LOOP_SWITCHES run with
+    single-tile loops on both sides."""
+    if var in _TILE_LOOP_SWITCHES:
+        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0")
     ref_o, ref_lse = case.reference()
     for num_splits in (1, 3):
         outs = []
@@ -463,7 +478,9 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the first tile of the warp
     pipes' second page window and a bad page for warp 3 of tile 40) under ``var=1`` and
     ``var=0``: at 1, 3 and MAX_SPLITS splits the same flag (bit 2 set) and the same outputs,
-    bit for bit."""
+    bit for bit (single-tile loops on both sides: _TILE_LOOP_SWITCHES)."""
+    assert var in _TILE_LOOP_SWITCHES
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0")
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
                 seed=seed)  # fmt: skip

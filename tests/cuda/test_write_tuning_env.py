@@ -92,6 +92,8 @@ def test_variant_default_and_override(monkeypatch):
     # 3-bit keys and values: variant 4 (its window packing; kvkit/cuda/write.py says why).
     assert tq_variant(formats.get("turboquant_3bit_nc", 128)) == 4
     assert tq_variant(formats.get("turboquant_k3v4_nc", 128)) == 3
+    # FP8 keys: variant 5 (its fast FP8 chunk; kvkit/cuda/write.py says why).
+    assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
     assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "3"
     for v in ("0", "1", "2"):
         monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", v)
