@@ -276,8 +276,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--common", choices=("warps23", "warps01"),
                     help="decide the branches by COMMON_TAKEN (warps01: with the page ring); "
                          "--take entries override")  # fmt: skip
-    ap.add_argument("--pairs", action="store_true",
-                    help="walk the tile-pair loop (KVKIT_DECODE_TILE_PAIRS=1 builds)")
+    ap.add_argument(
+        "--pairs",
+        action="store_true",
+        help="walk the tile-pair loop (KVKIT_DECODE_TILE_PAIRS=1 builds)",
+    )
     ap.add_argument("--list", action="store_true", help="print each branch met on the way")
     ap.add_argument("--path", action="store_true", help="print every instruction walked")
     args = ap.parse_args(argv)

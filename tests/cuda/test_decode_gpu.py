@@ -436,8 +436,12 @@ def test_32bit_and_64bit_copy_addresses_agree(cp, name, block_size, group, monke
 # single-tile builds on both sides (the pair loop has tests of its own, against the
 # single-tile build and float64: test_tile_pairs_*).
 _TILE_LOOP_SWITCHES = {
-    "KVKIT_DECODE_NVFP4_BULK", "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TQ_SLABS",
-    "KVKIT_DECODE_TQ_SLABS64", "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "KVKIT_DECODE_BULK_RUNS",
+    "KVKIT_DECODE_NVFP4_BULK",
+    "KVKIT_DECODE_WARP_PIPE",
+    "KVKIT_DECODE_TQ_SLABS",
+    "KVKIT_DECODE_TQ_SLABS64",
+    "KVKIT_DECODE_NVFP4_SLABS_OTHER_D",
+    "KVKIT_DECODE_BULK_RUNS",
     "KVKIT_DECODE_NVFP4_SLAB_ROWS",
 }
 
