@@ -380,13 +380,6 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 }
 #endif
 
-// Tile pairs (decode_core.cuh KVD_TILE_PAIRS) from 16 tiles per split: on the H200 (session
-// 14, call 3; graph ms, pairs off -> on) NVFP4 lost with 8 tiles per split ((1, 32768) 0.0227
-// -> 0.0235, (8, 4096) 0.0231 -> 0.0243 in call 4's table) and broke even at 16 ((8, 8192)
-// 0.0374 -> 0.0372); from ~31 ((1, 131072)) it gains 4-7%. TurboQuant gains from 8 tiles up
-// (its default, 2).
-#define KV_TILE_PAIRS_MIN_TILES 16
-
 #include "common/decode_core.cuh"
 
 KV_DEFINE_STAGE1_KERNEL(kv_decode_nvfp4_stage1)

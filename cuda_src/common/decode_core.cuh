@@ -192,12 +192,6 @@
 #ifndef KV_TILE_PAIRS_ROWS
 #define KV_TILE_PAIRS_ROWS 8
 #endif
-// KV_TILE_PAIRS_MIN_TILES (a family's choice, default 2): splits of fewer tiles run the
-// single-tile loop of a pair build (a runtime choice per CTA: the pair waits for both of its
-// tiles before its first score, which short splits, few tiles per CTA, do not win back).
-#ifndef KV_TILE_PAIRS_MIN_TILES
-#define KV_TILE_PAIRS_MIN_TILES 2
-#endif
 #define KVD_TILE_PAIRS                                                                 \
     (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
      KV_HEAD_DIM <= 128 && KVKIT_ARCH < 1200)

@@ -640,10 +640,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #endif
         __syncthreads();
 #if KVD_TILE_PAIRS
-        // Tile pairs (slab launches of at least KV_TILE_PAIRS_MIN_TILES tiles): the first pair
-        // issues tiles STAGES - 2 and STAGES - 1. Other launches run the single-tile loop.
-        const bool pair_loop = pipe.slabs && n_tiles >= KV_TILE_PAIRS_MIN_TILES;
-        const int n_pro = pair_loop ? STAGES - 2 : STAGES - 1;
+        // Tile pairs (slab launches): the first pair issues tiles STAGES - 2 and STAGES - 1.
+        const int n_pro = pipe.slabs ? STAGES - 2 : STAGES - 1;
 #pragma unroll 1
         for (int j = 0; j < n_pro; ++j) pipe.issue(j, KV_PLANE_PARAMS);
 #else

@@ -16,8 +16,6 @@
 // (read by the pair before, which the warp barrier orders before the copies), so tiles
 // i .. i + STAGES - 1 are issued when the pair computes: every tile is waited by the pair or
 // the single tile that reads it (none past n_tiles is issued: issue() copies nothing there).
-// Launches without slabs, and splits of fewer than KV_TILE_PAIRS_MIN_TILES tiles, take the
-// single-tile loop from tile 0 (their prologue issued tiles 0 .. STAGES - 2).
 // Page windows (advance_pages): with an even STAGES both issues of a pair lie in one 32-tile
 // window (i + STAGES - 2 is even), and the refill before tile 32 w happens after the pair
 // whose second issue is tile 32 w - 1 (advance_pages(i): j = i + STAGES).
@@ -30,7 +28,7 @@ static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIREC
               "tile pairs: warp pipes with register keys and values only (sm_90+ slabs)");
 static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
 int i_rest = 0;
-if (pair_loop) {  // slabs, at least KV_TILE_PAIRS_MIN_TILES tiles (decode_mma.cuh)
+if (pipe.slabs) {
 #pragma unroll 1
     for (; i_rest + 1 < n_tiles; i_rest += 2) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)

@@ -1221,9 +1221,8 @@ def test_tile_pairs_match_the_single_tile_build(cp, name, group, q_len, block_si
     splits), a single (partial or full) tile, ragged ends (warps of the last tile without a
     page), pages below, at and above the 64-token tile, a window, causal q_len > 1 (the masks
     per tile of a pair), 1-8 query rows (TurboQuant pairs only up to 4 at head_dim 128:
-    KV_TILE_PAIRS_ROWS; above, both values build the same code). 21 tiles (odd, the last
-    partial) reach NVFP4's pair loop, which takes splits of 16 tiles and more
-    (KV_TILE_PAIRS_MIN_TILES; shorter splits run the single-tile loop of the pair build)."""
+    KV_TILE_PAIRS_ROWS; above, both values build the same code), and 21 tiles (odd, the last
+    partial: ten pairs and the single-tile tail) in one split."""
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
