@@ -453,6 +453,65 @@ __device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned 
 }
 #endif
 
+// The online-softmax step of the warp's scores ((b) of kv_stage1_body; (b2) of the tile
+// pairs): per row, the max of the thread's N scores (N = 2: tokens g, g + 8 of one tile; 4:
+// of a pair's two tiles) and of the row's other lanes, the weights, l and m; then the
+// accumulator rescaled where a row's max moved (one warp vote). alpha: each row's factor (the
+// callers scale their zero sums with it).
+template <int N>
+__device__ __forceinline__ void kv_mma_softmax_step(float (&p)[kvm::NR][2][N],
+                                                    float (&m_r)[kvm::NR][2],
+                                                    float (&l_r)[kvm::NR][2],
+                                                    float (&acc)[kvm::NR][kvm::MT][4],
+                                                    float (&alpha)[kvm::NR][2]) {
+    static_assert(N == 2 || N == 4, "one tile or a pair");
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+            float mx;
+            if constexpr (N == 2) {
+                mx = kv_neg_inf();
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) mx = fmaxf(mx, p[nr][j][tt]);
+            } else {
+                mx = fmaxf(fmaxf(p[nr][j][0], p[nr][j][1]), fmaxf(p[nr][j][2], p[nr][j][3]));
+            }
+            mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
+            mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
+            mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
+            const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
+            if constexpr (N == 2) {
+                p[nr][j][0] = kv_online_p<true>(p[nr][j][0], stp);
+                p[nr][j][1] = kv_online_p<true>(p[nr][j][1], stp);
+                l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
+            } else {
+#pragma unroll
+                for (int q4 = 0; q4 < 4; ++q4) p[nr][j][q4] = kv_online_p<true>(p[nr][j][q4], stp);
+                l_r[nr][j] = l_r[nr][j] * stp.alpha +
+                             ((p[nr][j][0] + p[nr][j][1]) + (p[nr][j][2] + p[nr][j][3]));
+            }
+            m_r[nr][j] = stp.m_new;
+            alpha[nr][j] = stp.alpha;
+        }
+    }
+    bool rescale = false;
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) rescale |= alpha[nr][0] != 1.f || alpha[nr][1] != 1.f;
+    if (__any_sync(KV_FULL_MASK, rescale)) {
+#pragma unroll
+        for (int nr = 0; nr < kvm::NR; ++nr) {
+#pragma unroll
+            for (int mi = 0; mi < kvm::MT; ++mi) {
+                acc[nr][mi][0] *= alpha[nr][0];
+                acc[nr][mi][1] *= alpha[nr][1];
+                acc[nr][mi][2] *= alpha[nr][0];
+                acc[nr][mi][3] *= alpha[nr][1];
+            }
+        }
+    }
+}
+
 #if !KV_MMA_V_REGS
 // The warp's V operand: a row-major [16 tokens][d] tile of 16-bit values (fp16 values, or
 // bf16 codes), as the shared address ldmatrix.trans lane `lane` passes for the first two
@@ -981,39 +1040,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
             }
             float alpha[NR][2];
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                for (int j = 0; j < 2; ++j) {
-                    float mx = kv_neg_inf();
-#pragma unroll
-                    for (int tt = 0; tt < 2; ++tt) mx = fmaxf(mx, p[nr][j][tt]);
-                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
-                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
-                    mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
-                    const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
-                    p[nr][j][0] = kv_online_p<true>(p[nr][j][0], stp);
-                    p[nr][j][1] = kv_online_p<true>(p[nr][j][1], stp);
-                    l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
-                    m_r[nr][j] = stp.m_new;
-                    alpha[nr][j] = stp.alpha;
-                }
-            }
-            bool rescale = false;
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) rescale |= alpha[nr][0] != 1.f || alpha[nr][1] != 1.f;
-            if (__any_sync(KV_FULL_MASK, rescale)) {
-#pragma unroll
-                for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                    for (int mi = 0; mi < MT; ++mi) {
-                        acc[nr][mi][0] *= alpha[nr][0];
-                        acc[nr][mi][1] *= alpha[nr][1];
-                        acc[nr][mi][2] *= alpha[nr][0];
-                        acc[nr][mi][3] *= alpha[nr][1];
-                    }
-                }
-            }
+            kv_mma_softmax_step<2>(p, m_r, l_r, acc, alpha);
 
             // (c) O^T += V^T P^T: M = 16 dims per m-tile, N = 8 rows, K = the warp's 16
             // tokens. P^T's B fragments are the transposes (movmatrix) of the thread's

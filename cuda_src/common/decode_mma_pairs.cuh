@@ -178,38 +178,7 @@ if (pipe.slabs) {
             }
         }
         float alpha[NR][2];
-#pragma unroll
-        for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-            for (int j = 0; j < 2; ++j) {
-                float mx = fmaxf(fmaxf(p[nr][j][0], p[nr][j][1]), fmaxf(p[nr][j][2], p[nr][j][3]));
-                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
-                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
-                mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
-                const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
-#pragma unroll
-                for (int q4 = 0; q4 < 4; ++q4) p[nr][j][q4] = kv_online_p<true>(p[nr][j][q4], stp);
-                l_r[nr][j] = l_r[nr][j] * stp.alpha +
-                             ((p[nr][j][0] + p[nr][j][1]) + (p[nr][j][2] + p[nr][j][3]));
-                m_r[nr][j] = stp.m_new;
-                alpha[nr][j] = stp.alpha;
-            }
-        }
-        bool rescale = false;
-#pragma unroll
-        for (int nr = 0; nr < NR; ++nr) rescale |= alpha[nr][0] != 1.f || alpha[nr][1] != 1.f;
-        if (__any_sync(KV_FULL_MASK, rescale)) {
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                for (int mi = 0; mi < MT; ++mi) {
-                    acc[nr][mi][0] *= alpha[nr][0];
-                    acc[nr][mi][1] *= alpha[nr][1];
-                    acc[nr][mi][2] *= alpha[nr][0];
-                    acc[nr][mi][3] *= alpha[nr][1];
-                }
-            }
-        }
+        kv_mma_softmax_step<4>(p, m_r, l_r, acc, alpha);
 
         // (c2) pair PV: O^T += V^T P^T for both tiles, one fresh accumulator per m-tile.
 #if KV_MMA_PV_BF16
