@@ -219,15 +219,9 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: unchanged (868, 456). benchmarks/NOTES.md "tqw4". Every variant tests a row's zero
 #: extremes warp-uniformly (__any_sync) before its full-mask shuffles: the per-row test was
 #: undefined in warps that mix padding rows with others (it broke variant 4 on the H200).
-TQ_VARIANT_DEFAULT = 3
-#: Variant 4 is the default where both the keys and the values are 3-bit codes (3bit_nc),
-#: the case its window packing was written for. Measured on the H200 (session 11, call 7),
-#: 3 -> 4: scripts/write_ab.py --rounds 4 kernel ms 3bit_nc 1.396 -> 1.283; benchmarks/run.py
-#: write rows (pages) 1.438 -> 1.226. k3v4 (3-bit keys only) and k8v4 / 4bit_nc measured
-#: within the noise or worse in one of the two (write_ab k3v4 1.308 -> 1.448 with a 1.18-1.56
-#: spread; run.py 1.288 -> 1.259), so they keep 3 until a cleaner measurement.
-TQ_VARIANT_DEFAULT_3BIT = 4
-#: 5 (session 14 helper, branch tqw6; compiled for every target, NOT run on a GPU) = 4 plus:
+#: Variant 4 measured faster than 3 for 3bit_nc only (session 11, call 7, scripts/write_ab.py
+#: --rounds 4 kernel ms 3bit_nc 1.396 -> 1.283; k3v4 within the noise).
+#: 5 (session 14 helper, branch tqw6) = 4 plus:
 #: FP8 keys of float16 inputs by the dense fp8 write's fast chunk where k_scale is in
 #: [2^-16, 2^16] and a lane's halves are finite (one float16x2 fma per word tests that), with one
 #: multiply per element for a power-of-two k_scale such as the default 1 (any input dtype);
@@ -239,28 +233,22 @@ TQ_VARIANT_DEFAULT_3BIT = 4
 #: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
 #: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
 TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
-#: Variant 5 is the default for FP8 keys (k8v4). Measured on the H200 (session 14, call 3;
-#: scripts/write_ab.py --rounds 4, kernel ms, 4M token-heads, default -> 5): k8v4 1.247 ->
-#: 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales (--unit-scales); its GPU write tests
-#: passed natively and through sm_80, memcheck clean. The MSE presets measured 4bit_nc 1.264
-#: -> 1.251, 3bit_nc 1.239 -> 1.298, k3v4 1.323 -> 1.387 with 5's spread 1.12-1.48 over the
-#: rounds: not taken for them until a cleaner measurement.
-TQ_VARIANT_DEFAULT_FP8_KEYS = 5
+#: The default for every preset: 5. Measured on the H200 (session 14; scripts/write_ab.py,
+#: kernel ms at 4M token-heads, fp16 inputs, pages order; the previous default -> 5):
+#: call 3 (--rounds 4) k8v4 1.247 -> 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales;
+#: call 8 (--rounds 12, twice) 4bit_nc 1.225 / 1.238 -> 1.197 / 1.198, 3bit_nc (from 4) 1.191 /
+#: 1.213 -> 1.163 / 1.152, k3v4 1.275 / 1.289 -> 1.172 / 1.158. Its GPU write tests passed
+#: natively and through sm_80 (218 + 218), memcheck clean (call 3).
+TQ_VARIANT_DEFAULT = 5
 
 
 def tq_variant(fmt: TurboQuantFormat) -> int:
     """``TQ_VARIANT`` of ``kvkit_write_turboquant``: the environment's KVKIT_WRITE_TQ_VARIANT
-    (TQ_VARIANTS) or the default (TQ_VARIANT_DEFAULT; TQ_VARIANT_DEFAULT_3BIT for 3-bit keys
-    and values, TQ_VARIANT_DEFAULT_FP8_KEYS for FP8 keys); 2, 3 and 4 fall back to 1 for MSE
+    (TQ_VARIANTS) or the default (TQ_VARIANT_DEFAULT); 2 and above fall back to 1 for MSE
     keys without a cell table (the near decisions need one) or whose table fails
     ``tq_near_table_ok``."""
     override = _env_int("KVKIT_WRITE_TQ_VARIANT", TQ_VARIANTS)
-    default = TQ_VARIANT_DEFAULT
-    if fmt.key_kind == "mse" and fmt.key_bits == 3 and fmt.value_bits == 3:
-        default = TQ_VARIANT_DEFAULT_3BIT
-    elif fmt.key_kind != "mse":
-        default = TQ_VARIANT_DEFAULT_FP8_KEYS
-    v = default if override is None else override
+    v = TQ_VARIANT_DEFAULT if override is None else override
     if v >= 2 and fmt.key_kind == "mse":
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)
         if table is None or not tq_near_table_ok(table):

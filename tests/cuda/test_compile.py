@@ -285,13 +285,13 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
 # Variant 5 (branch tqw6: fast FP8 keys, nudged value reciprocals, float16x2 value min / max,
 # key squares by IMAD) the same way; the helper also built it for sm_86, sm_89 and sm_100a
 # (benchmarks/NOTES.md "tqw6").
-@pytest.mark.parametrize("variant", ["4", "5"])
+@pytest.mark.parametrize("variant", ["3", "4"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
 def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
-    fallback) and 5: every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every
-    input dtype builds without spills, as variant 3 does (test_no_kernel_spills builds the
-    default)."""
+    fallback) and 3: every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every
+    input dtype builds without spills, as the default (5) does (test_no_kernel_spills builds
+    the default)."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
     bad, cases, jobs = [], [], []
     for name in TQ:
@@ -315,7 +315,7 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
 )
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
-    """KVKIT_WRITE_TQ_VARIANT=4 and 3 (the default): no shuffle / vote runs under a branch that
+    """KVKIT_WRITE_TQ_VARIANT=3, 4 and 5 (the default): no shuffle / vote runs under a branch that
     only some lanes take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as
     first written shuffled the rows' first zeros with a full mask under the per-row test `vlo
     == 0 || vhi == 0`: undefined whenever a warp mixed rows of zeros (padding slots, rows past

@@ -88,13 +88,11 @@ def test_nvfp4_blocks_per_thread(monkeypatch):
 
 def test_variant_default_and_override(monkeypatch):
     fmt = formats.get("turboquant_4bit_nc", 128)
-    assert tq_variant(fmt) == TQ_VARIANT_DEFAULT == 3
-    # 3-bit keys and values: variant 4 (its window packing; kvkit/cuda/write.py says why).
-    assert tq_variant(formats.get("turboquant_3bit_nc", 128)) == 4
-    assert tq_variant(formats.get("turboquant_k3v4_nc", 128)) == 3
-    # FP8 keys: variant 5 (its fast FP8 chunk; kvkit/cuda/write.py says why).
-    assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
-    assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "3"
+    assert tq_variant(fmt) == TQ_VARIANT_DEFAULT == 5
+    # Every preset takes variant 5 (kvkit/cuda/write.py says why).
+    for name in ("turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4"):
+        assert tq_variant(formats.get(name, 128)) == 5
+    assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == "5"
     for v in ("0", "1", "2"):
         monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", v)
         assert tq_launch_defines(fmt, "1")["TQ_VARIANT"] == v
