@@ -285,13 +285,13 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
 # Variant 5 (branch tqw6: fast FP8 keys, nudged value reciprocals, float16x2 value min / max,
 # key squares by IMAD) the same way; the helper also built it for sm_86, sm_89 and sm_100a
 # (benchmarks/NOTES.md "tqw6").
-@pytest.mark.parametrize("variant", ["3", "4"])
+@pytest.mark.parametrize("variant", ["4"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
 def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
-    fallback) and 3: every TurboQuant preset at D = 64 / 128 / 256 (k8v4 also 512) and every
-    input dtype builds without spills, as the default (5) does (test_no_kernel_spills builds
-    the default)."""
+    fallback; variant 5, the default, builds on it): every TurboQuant preset at D = 64 / 128 /
+    256 (k8v4 also 512) and every input dtype builds without spills, as the default does
+    (test_no_kernel_spills builds the default)."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
     bad, cases, jobs = [], [], []
     for name in TQ:
