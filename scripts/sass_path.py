@@ -26,7 +26,7 @@ walk each. Output: the count, the opcode mix, and a split by the stage-1 body's 
 page ring and waits). Counts are estimates: no stalls, no replays, exact only for the path
 given.
 
---pairs walks the tile-pair loop of KVKIT_DECODE_TILE_PAIRS=1 builds (decode_mma_pairs.cuh):
+--pairs walks the tile-pair loop of pair builds (the default; decode_mma_pairs.cuh):
 the head is its back edge's target, the phases its comments (a2), (b2), (c2); the count is
 per pair (two 16-token warp-tiles).
 """
@@ -154,7 +154,9 @@ def pair_head(ins: list[dict], labels: dict[str, int], src: list[str]) -> int:
             if labels[m.group(1)] < i["addr"]:
                 heads.append(labels[m.group(1)])
     if not heads:
-        sys.exit("no tile-pair loop: build with --define KVKIT_DECODE_TILE_PAIRS=1")
+        sys.exit(
+            "no tile-pair loop in this build (pairs: warp-pipe slab builds, the default on sm_90)"
+        )
     return min(heads)
 
 

@@ -49,10 +49,10 @@ tensor-core core, pages of >= 16 tokens; NVFP4 at head_dim 128, G * q_len <= 16,
 TurboQuant slab builds below): one CTA barrier per tile /
 warp-independent pipelines (the default: each warp its own stage barriers and one block-table
 entry per tile in registers, a warp barrier per tile; the warps meet at the end of the split),
-same bits: all for A/B runs); ``KVKIT_DECODE_TILE_PAIRS=1`` makes the warp pipes' tile loop
-take two tiles per iteration (one online-softmax update over a warp's 32 tokens, 4 stages;
-float32 operations in another order, so not the same bits as ``0``, the default; sm_90 and
-sm_100, G * q_len <= 8 (TurboQuant: 4 at head_dim 128), head_dim <= 128). On sm_90+ stage 2
+same bits: all for A/B runs); the warp pipes' tile loop takes two tiles per iteration (one
+online-softmax update over a warp's 32 tokens, 4 stages; sm_90 and sm_100, G * q_len <= 8
+(TurboQuant: 4 at head_dim 128), head_dim <= 128); ``KVKIT_DECODE_TILE_PAIRS=0`` (A/B runs)
+takes one (float32 operations in another order, so not the same bits). On sm_90+ stage 2
 is launched with programmatic stream serialization
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
@@ -338,7 +338,7 @@ _FAMILY_SWITCHES = (
     # The tile loop of every warp-slab launch (NVFP4, TurboQuant): warp-independent pipelines
     # (1) or the CTA-wide tile barrier (0) (decode_core.cuh KVD_WARP_PIPE).
     ("KVKIT_DECODE_WARP_PIPE", ("0", "1"), ("nvfp4", "turboquant")),
-    # The warp pipes' tile loop two tiles per iteration (1) or one (0, the default)
+    # The warp pipes' tile loop two tiles per iteration (1, the default) or one (0)
     # (decode_core.cuh KVD_TILE_PAIRS, decode_mma_pairs.cuh): one softmax update and one
     # fresh-accumulator add per 32 tokens of a warp.
     ("KVKIT_DECODE_TILE_PAIRS", ("0", "1"), ("nvfp4", "turboquant")),
