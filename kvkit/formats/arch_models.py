@@ -629,10 +629,11 @@ def tq_near_key_index(t: np.ndarray, den, table: BucketTable) -> tuple[np.ndarra
     return idx.astype(np.int64), row_ok & ~near
 
 
-def _tq_value_row_terms(v, bits: int, floor_scale: float):
-    """The spec's per-row value quantities as both near-value models compute them: top =
-    2^bits - 1, the reciprocal r of the row's scale (1 for rows outside kv_divisor's range),
-    a = v - min per element, and row_ok (the row's scale inside that range)."""
+def _tq_value_row_terms(v, bits: int, floor_scale: float, every_row: bool = False):
+    """The spec's per-row value quantities as the near-value models compute them: top =
+    2^bits - 1, the reciprocal r = RN(1 / scale) of the row's scale (1 for rows outside
+    kv_divisor's range unless every_row), a = v - min per element, and row_ok (the row's scale
+    inside that range)."""
     v = np.asarray(v, np.float32)
     top = np.float32((1 << bits) - 1)
     with np.errstate(all="ignore"):
@@ -642,7 +643,8 @@ def _tq_value_row_terms(v, bits: int, floor_scale: float):
         scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
         scale = scale.astype(np.float32)
         row_ok = (scale >= DIV_LO) & (scale <= DIV_HI)
-        r = (np.float32(1) / np.where(row_ok, scale, np.float32(1))).astype(np.float32)
+        r = np.float32(1) / (scale if every_row else np.where(row_ok, scale, np.float32(1)))
+        r = r.astype(np.float32)
         a = (v - lo[..., None]).astype(np.float32)
     return top, r, a, row_ok
 
@@ -788,17 +790,9 @@ def tq_near_value_codes_v5(
     tq_near_value_codes), so no clamp applies. For w < 1/4: a r < 1/4 (1 + 2^-21), so k = 0, and
     Z <= RN(RN(w) + 0.5) < 1: floor(Z) = 0 = k (a = 0 included: g1 = g2 = 1.5 * 2^23, Z = 0.5).
     """
-    v = np.asarray(v, np.float32)
+    _, r, a, _ = _tq_value_row_terms(v, bits, floor_scale, every_row=True)
     with np.errstate(all="ignore"):
-        lo = np.fmin.reduce(v, axis=-1)
-        hi = np.fmax.reduce(v, axis=-1)
-        top = np.float32((1 << bits) - 1)
-        scale = ((hi - lo) / top).astype(np.float32)
-        scale = np.where(scale >= np.float32(floor_scale), scale, np.float32(floor_scale))
-        scale = scale.astype(np.float32)
-        r = (np.float32(1) / scale).astype(np.float32)
         r = (r.astype(np.float64) * (1.0 + r_err)).astype(np.float32)
-        a = (v - lo[..., None]).astype(np.float32)
         r1 = (r * (np.float32(1) + TQ_V5_NUDGE)).astype(np.float32)
         r2 = (r * (np.float32(1) - TQ_V5_NUDGE)).astype(np.float32)
         g1 = fma_f32(a, np.broadcast_to(r1[..., None], a.shape), TQ_RINT_MAGIC)
