@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import example, given
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kvkit import formats
@@ -206,6 +206,10 @@ def test_values_of_gaussian_rows_rarely_fall_back(bits, model):
 # (v - lo) / scale = 0.5 exactly: z = 1.0 (v2); a r = 0.5: rint ties to even, e = 0.5, near (v3)
 @example(row=[0.0, 0.25, 7.5], bits=4)
 @example(row=[0.0, float("nan"), 1.0], bits=4)  # NaN element: not ok
+# The filtering is Hypothesis's own (floats of width 16 are drawn wider and rejected when not
+# representable); with five models the randomized dev profile tripped this health check now
+# and then (seen in sessions 13 and 14), never an assertion.
+@settings(suppress_health_check=[HealthCheck.filter_too_much])
 @pytest.mark.parametrize("model", sorted(VALUE_MODELS))
 def test_values_hypothesis_fp16_rows(row, bits, model):
     _check_values(np.array([row], f32), bits, model)
