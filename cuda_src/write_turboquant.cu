@@ -823,8 +823,8 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
             // spec's (w = 0); an infinite one gives NaN g's.
             float rq;
             asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rq) : "f"(scale));
-            const float r1 = __fmul_rn(rq, 1.0f + 0x1p-17f);
-            const float r2 = __fmul_rn(rq, 1.0f - 0x1p-17f);
+            const float r1 = __fmul_rn(rq, 1.0f + TQ_V5_NUDGE);  // 2^-17 (arch_models)
+            const float r2 = __fmul_rn(rq, 1.0f - TQ_V5_NUDGE);
             bool ok = true;
             constexpr unsigned int junk = kv_tq_magic_junk<TQ_VALUE_BITS, TQ_E>();
 #pragma unroll

@@ -36,6 +36,7 @@ from ..formats.arch_models import (
     BKT_MAGIC_BITS,
     TQ_NEAR_KEY,
     TQ_NEAR_VALUE,
+    TQ_V5_NUDGE,
     tq_bucket_table,
     tq_near_table_ok,
 )
@@ -274,6 +275,8 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",
     }
     v = int(d["TQ_VARIANT"])
+    if v >= 5:
+        d["TQ_V5_NUDGE"] = cuda_float(TQ_V5_NUDGE)
     d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5))
     return d
 
