@@ -3,6 +3,7 @@ side only; no GPU needed)."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from kvkit import formats
@@ -116,6 +117,8 @@ def test_variant_default_and_override(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "5")
     d5 = tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
     assert d5["TQ_VARIANT"] == "5" and d5["TQ_BKT_IMAD_SQ"] == "1"
+    # the model's nudge, as the float32 the literal rounds to (cuda_float: shortest round trip)
+    assert np.float32(d5["TQ_V5_NUDGE"].rstrip("f")) == np.float32(2.0**-17)
     assert "0x7F800000u" in d5["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
 
