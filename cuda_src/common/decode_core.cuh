@@ -2027,13 +2027,17 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #endif  // KVD_USE_MMA
 
 // Launch facts of this module's stage-1 kernel: dynamic shared bytes, threads per CTA, tokens
-// per tile (the split heuristic's least split). The launcher reads them once per module
-// (cupy RawModule.get_global), so host and device can never disagree.
+// per tile (the split heuristic's least split), and the tile loop it was built with (bits:
+// 1 tile pairs, 2 the target has bulk copies, 4 warp slabs; kvkit/cuda/split_builds.py picks
+// another build of the same kernel from them and the length of a split). The launcher reads
+// them once per module (cupy RawModule.get_global), so host and device can never disagree.
+#define KVD_LOOP_FLAGS \
+    ((KVD_TILE_PAIRS ? 1 : 0) | (KVKIT_BULK_COPY ? 2 : 0) | (KVD_BULK_WARP_SLABS ? 4 : 0))
 extern "C" {
 #if KVD_USE_MMA
-__device__ int kv_decode_launch[3] = {kvm::SMEM, kvd::THREADS, kvd::TILE};
+__device__ int kv_decode_launch[4] = {kvm::SMEM, kvd::THREADS, kvd::TILE, KVD_LOOP_FLAGS};
 #else
-__device__ int kv_decode_launch[3] = {kvd::SMEM, kvd::THREADS, kvd::TILE};
+__device__ int kv_decode_launch[4] = {kvd::SMEM, kvd::THREADS, kvd::TILE, KVD_LOOP_FLAGS};
 #endif
 }
 

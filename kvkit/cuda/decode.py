@@ -52,7 +52,10 @@ entry per tile in registers, a warp barrier per tile; the warps meet at the end 
 same bits: all for A/B runs); the warp pipes' tile loop takes two tiles per iteration (one
 online-softmax update over a warp's 32 tokens, 4 stages; sm_90 and sm_100, G * q_len <= 8
 (TurboQuant: 4 at head_dim 128), head_dim <= 128); ``KVKIT_DECODE_TILE_PAIRS=0`` (A/B runs)
-takes one (float32 operations in another order, so not the same bits). On sm_90+ stage 2
+takes one (float32 operations in another order, so not the same bits). Where such a switch
+is unset, the launcher may launch another build of stage 1 by the length of the step's splits
+(``kvkit.cuda.split_builds``: NVFP4 splits of <= 8 tiles without pairs, turboquant_k8v4
+splits of >= 64 tiles with warp slabs); a switch set in the environment wins. On sm_90+ stage 2
 is launched with programmatic stream serialization
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
@@ -95,6 +98,7 @@ from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
 from .launch import ProgrammaticKernel
 from .launch import launch_and_record as _launch
+from .split_builds import split_length_switches, split_tiles
 from .write import plane_args
 
 __all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
@@ -236,12 +240,12 @@ def _device_limits() -> tuple[int, int]:
     return info
 
 
-_stage1_cache: dict[tuple, tuple[object, int, int]] = {}
+_stage1_cache: dict[tuple, tuple[object, int, int, int, int]] = {}
 
 
 def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
-    """(kernel function, dynamic shared bytes, threads, tile tokens) for one stage-1 module,
-    set up once."""
+    """(kernel function, dynamic shared bytes, threads, tile tokens, loop flags) for one
+    stage-1 module, set up once (flags: ``kvkit.cuda.split_builds`` LOOP_*)."""
     import cupy
 
     key = (
@@ -256,8 +260,8 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     module = get_module(entry, defines)
     func = module.get_function(name)
     # The kernel's own layout size and CTA size, from the module (one small copy, once).
-    launch = cupy.ndarray((3,), cupy.int32, memptr=module.get_global("kv_decode_launch")).get()
-    smem, threads, tile = int(launch[0]), int(launch[1]), int(launch[2])
+    launch = cupy.ndarray((4,), cupy.int32, memptr=module.get_global("kv_decode_launch")).get()
+    smem, threads, tile, loop = (int(x) for x in launch)
     _, smem_max = _device_limits()
     if smem > smem_max:
         raise ValueError(
@@ -268,15 +272,15 @@ def _stage1_kernel(entry: str, name: str, defines: dict[str, str]):
     if smem > 48 * 1024:
         # CuPy's RawKernel sets CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES through this.
         func.max_dynamic_shared_size_bytes = smem
-    _stage1_cache[key] = (func, smem, threads, tile)
-    return func, smem, threads, tile
+    _stage1_cache[key] = (func, smem, threads, tile, loop)
+    return func, smem, threads, tile, loop
 
 
 #: (device, KVKIT_ARCH, id(fmt), q define, G, q_len, ...) -> (fmt, kernel, shared bytes, threads,
-#: tile tokens). A key
+#: tile tokens, loop flags). A key
 #: built from the defines themselves (TurboQuant's codebook and signs as text) costs more to
 #: hash than a small decode step takes on the GPU, so a step looks its kernel up by identity.
-_stage1_fast: dict[tuple, tuple[object, object, int, int, int]] = {}
+_stage1_fast: dict[tuple, tuple[object, object, int, int, int, int]] = {}
 
 #: Narrowest cp.async row plane (bytes per token) copied as row runs by default (decode_core.cuh
 #: kv_issue_plane: one copy instruction moves 512 contiguous bytes, whole rows, instead of
@@ -348,7 +352,14 @@ _FAMILY_SWITCHES = (
 )
 
 
-def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
+def _stage1_for(
+    fmt, entry: str, kname: str, in_define: str, group: int, q_len: int,
+    auto: tuple[tuple[str, str], ...] = (),
+):  # fmt: skip
+    """(kernel, shared bytes, threads, tile tokens, loop flags) of the stage-1 build for these
+    shapes and the KVKIT_DECODE_* environment; ``auto``: (switch, value) pairs of
+    ``_FAMILY_SWITCHES`` the launcher picks (``kvkit.cuda.split_builds``), each applied only
+    where the environment leaves that switch unset."""
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
@@ -356,6 +367,12 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     no_runs = os.environ.get("KVKIT_DECODE_BULK_RUNS", "") == "0"
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
     switches = tuple(_env_choice(name, allowed) for name, allowed, _ in _FAMILY_SWITCHES)
+    if auto:
+        picked = dict(auto)
+        switches = tuple(
+            value or picked.get(name, "")
+            for (name, _, _), value in zip(_FAMILY_SWITCHES, switches, strict=True)
+        )
     stage_kb = os.environ.get("KVKIT_DECODE_STAGE_KB", "")
     if stage_kb and not (stage_kb.isdigit() and 8 <= int(stage_kb) <= 200):
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
@@ -397,9 +414,9 @@ def _stage1_for(fmt, entry: str, kname: str, in_define: str, group: int, q_len: 
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"
-    func, smem, threads, tile = _stage1_kernel(entry, kname, defines)
-    _stage1_fast[key] = (fmt, func, smem, threads, tile)  # holds fmt, so its id is not reused
-    return func, smem, threads, tile
+    build = _stage1_kernel(entry, kname, defines)
+    _stage1_fast[key] = (fmt, *build)  # holds fmt, so its id is not reused
+    return build
 
 
 _merge_cache: dict[tuple, object] = {}
@@ -573,9 +590,14 @@ def decode(
     if batch == 0:
         return o, lse
 
-    func, smem, threads, tile = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads, tile, loop = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     if num_splits is None:
         num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
+    # Another build of the same kernel where the loop it was built with is the slower one
+    # for splits of this length (split_builds.py has the measurements); same arguments.
+    auto = split_length_switches(fmt, loop, split_tiles(max_blocks * bs, bs, num_splits, tile))
+    if auto:
+        func, smem, threads, tile, _ = _stage1_for(fmt, entry, kname, in_define, group, q_len, auto)
 
     planes = []
     for pname in plane_names:
@@ -695,7 +717,7 @@ def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max
     in_define, _ = _Q_DTYPES[q_dtype]
     group = num_heads // layer.num_kv_heads
     check_row_limits(group, q_len, fmt.head_dim)
-    func, smem, threads, tile = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads, tile, _ = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     return _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
 
 

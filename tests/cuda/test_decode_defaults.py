@@ -38,9 +38,10 @@ def test_build_switches_reject_unknown_values(monkeypatch):
         _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
 
 
-def _stage1_defines(monkeypatch, name: str, head_dim: int = 128) -> dict:
-    """The defines _stage1_for builds for one format (G = 4, q_len = 1), no GPU: the device
-    query and the module build are stood in for."""
+def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=()) -> dict:
+    """The defines _stage1_for builds for one format (G = 4, q_len = 1; ``auto``: the
+    launcher's split-length switches), no GPU: the device query and the module build are
+    stood in for."""
     import cupy
 
     from kvkit.cuda import decode as cuda_decode
@@ -49,12 +50,12 @@ def _stage1_defines(monkeypatch, name: str, head_dim: int = 128) -> dict:
 
     def fake_kernel(entry, kname, defines):
         seen.update(defines)
-        return None, 0, 128, 64
+        return None, 0, 128, 64, 0
 
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     monkeypatch.setattr(cuda_decode, "_stage1_kernel", fake_kernel)
     monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
-    cuda_decode._stage1_for(formats.get(name, head_dim), "x.cu", "k", "1", 4, 1)
+    cuda_decode._stage1_for(formats.get(name, head_dim), "x.cu", "k", "1", 4, 1, auto)
     return seen
 
 
@@ -88,3 +89,17 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
         defines = _stage1_defines(monkeypatch, name)
         assert set(names) & set(defines) == wanted, name
         assert {switch: defines[switch] for switch in wanted} == {s: values[s] for s in wanted}
+
+
+def test_environment_switches_win_over_the_launchers_choice(monkeypatch):
+    """An auto switch becomes a define only where the environment leaves it unset."""
+    auto = (("KVKIT_DECODE_TILE_PAIRS", "0"),)
+    monkeypatch.delenv("KVKIT_DECODE_TILE_PAIRS", raising=False)
+    assert _stage1_defines(monkeypatch, "nvfp4", auto=auto)["KVKIT_DECODE_TILE_PAIRS"] == "0"
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    assert _stage1_defines(monkeypatch, "nvfp4", auto=auto)["KVKIT_DECODE_TILE_PAIRS"] == "1"
+    monkeypatch.delenv("KVKIT_DECODE_TILE_PAIRS")
+    assert "KVKIT_DECODE_TILE_PAIRS" not in _stage1_defines(monkeypatch, "nvfp4")
+    # A switch the format does not read stays out of its defines.
+    slabs = (("KVKIT_DECODE_TQ_SLABS", "1"),)
+    assert "KVKIT_DECODE_TQ_SLABS" not in _stage1_defines(monkeypatch, "nvfp4", auto=slabs)

@@ -117,7 +117,7 @@ class Case:
         return paged_attention_f64(self.q_vals, self.k_pages, self.v_pages, self.block_tables,
                                    self.seq_lens, **self.opts)  # fmt: skip
 
-    def run(self, num_splits, *, block_tables=None, seq_lens=None):
+    def run(self, num_splits, *, block_tables=None, seq_lens=None, record=None):
         import cupy
 
         from kvkit.cuda import decode as cuda_decode
@@ -129,6 +129,7 @@ class Case:
             cupy.asarray(self.q_host), self.q_dtype, self.gpu, cupy.asarray(bt),
             cupy.asarray(sl), scale=self.opts["scale"], num_splits=num_splits,
             window=self.opts["window"], sinks=sinks, softcap=self.opts["softcap"],
+            record=record,
         )  # fmt: skip
         assert o.dtype == cupy.float32 and lse.dtype == cupy.float32
         assert o.shape == self.q_host.shape and lse.shape == self.q_host.shape[:3]
@@ -1281,6 +1282,56 @@ def test_tile_pairs_match_float64_at_every_split_count(cp, name, group, q_len, m
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=11 + group)  # fmt: skip
     check_against_reference(case)
+
+
+# Which build the launcher picks by split length (kvkit/cuda/split_builds.py): the environment
+# switch, its value under the rule, and the default build's value.
+_SPLIT_LENGTH_SWITCH = {
+    "nvfp4": ("KVKIT_DECODE_TILE_PAIRS", "0", "1"),
+    "turboquant_k8v4": ("KVKIT_DECODE_TQ_SLABS", "1", "0"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_SPLIT_LENGTH_SWITCH))
+def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
+    """Sequence 0 spans 281 pages of 16 tokens: 71 tiles in 1 split, 9 in 8, 8 in 9. NVFP4
+    launches its single-tile build for splits of <= 8 tiles and k8v4 its warp-slab build for
+    splits of >= 64 (where the default build's loop flags allow: sm_90 / sm_100). The kernel
+    launched is that build's, and its results equal the build the environment switch forces,
+    bit for bit, and float64 within DECODE_GPU_RTOL."""
+    from kvkit.cuda import decode as cuda_decode
+    from kvkit.cuda import split_builds as sb
+
+    var, picked, default_value = _SPLIT_LENGTH_SWITCH[name]
+    monkeypatch.delenv(var, raising=False)
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[70 * 64 - 5, 300, 37], seed=5)  # fmt: skip
+    fmt = case.gpu.fmt
+    entry, kname, _ = cuda_decode._STAGE1[fmt.family]
+    in_define, _ = cuda_decode._Q_DTYPES[case.q_dtype]
+    _, _, _, tile, loop = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1)
+    max_tokens = case.block_tables.shape[1] * 16
+    ref_o, ref_lse = case.reference()
+    fired = []
+    for num_splits in (1, 8, 9):
+        auto = sb.split_length_switches(fmt, loop, sb.split_tiles(max_tokens, 16, num_splits, tile))
+        assert auto in ((), ((var, picked),))
+        fired.append(bool(auto))
+        want = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1, auto)[0]
+        record = []
+        o, lse = case.run(num_splits, record=record)
+        assert record[0][0] is want and case.flag() == 0, num_splits
+        monkeypatch.setenv(var, picked if auto else default_value)
+        o_env, lse_env = case.run(num_splits)
+        monkeypatch.delenv(var)
+        np.testing.assert_array_equal(o, o_env)
+        np.testing.assert_array_equal(lse, lse_env)
+        assert rel_error(o, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL
+    if name == "nvfp4" and loop & sb.LOOP_TILE_PAIRS:
+        assert fired == [False, False, True]
+    if name == "turboquant_k8v4" and loop & sb.LOOP_BULK_COPY:
+        assert fired == [True, False, False]
 
 
 @pytest.mark.parametrize("name, head_dim, group, q_len, pages", [

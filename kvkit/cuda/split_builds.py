@@ -1,0 +1,89 @@
+"""Stage-1 builds the CUDA launcher picks by the length of a split.
+
+Some tile loops of stage 1 win on long splits and lose on short ones (their prologue fills
+more stages, or a loop iteration waits for more tiles before its first score). The split
+count is known on the host before the launch (it depends on shapes only), so the launcher
+compiles a second build of the same kernel, with the same arguments, and launches whichever
+loop measured faster for splits of that length. A switch set in the environment
+(``KVKIT_DECODE_*``, kvkit/cuda/decode.py) always wins over the choice made here.
+
+Pure Python, no CuPy: the rule is tested on any machine.
+"""
+
+from __future__ import annotations
+
+from .._checks import check_int
+
+__all__ = [
+    "K8V4_SLABS_MIN_TILES",
+    "LOOP_BULK_COPY",
+    "LOOP_TILE_PAIRS",
+    "LOOP_WARP_SLABS",
+    "NVFP4_PAIRS_MIN_TILES",
+    "split_length_switches",
+    "split_tiles",
+]
+
+#: Bits of a stage-1 module's loop flags (decode_core.cuh KVD_LOOP_FLAGS, the 4th entry of
+#: ``kv_decode_launch``): the build has the tile-pair loop; its target has bulk copies (the
+#: copy engine, sm_90+, which warp pipes need); its fast launches copy per-warp slabs.
+LOOP_TILE_PAIRS = 1
+LOOP_BULK_COPY = 2
+LOOP_WARP_SLABS = 4
+
+#: NVFP4's tile-pair loop needs at least this many tiles per split to beat the single-tile
+#: loop. Measured on the H200 (session 14, call 3; graph ms, pairs off -> on, two runs each):
+#: 8 tiles per split lost ((1, 32768) 0.0227 -> 0.0235, +3.5%; (8, 4096) +5%), 16 tiles
+#: broke even ((8, 8192) 0.0374 -> 0.0372) and 31-128 tiles won 4-7% ((1, 131072), (64, 8192)).
+#: TurboQuant's pairs won at every length (-7 to -11%, 8 tiles included): no rule for them.
+NVFP4_PAIRS_MIN_TILES = 9
+
+#: turboquant_k8v4 at head_dim >= 128 copies whole pages by default; its warp-slab build
+#: (KVKIT_DECODE_TQ_SLABS=1, with warp pipes where the target has bulk copies) needs at least
+#: this many tiles per split. Measured on the H200 (session 14, call 2; graph ms, page runs ->
+#: slabs + warp pipes, two runs each): (64, 8192) (128 tiles) 0.2424 / 0.2415 -> 0.2311 /
+#: 0.2343, but (1, 131072) (31 tiles) 0.0648 / 0.0660 -> 0.0672 / 0.0677 and (8, 8192)
+#: (16 tiles) 0.0371 / 0.0373 -> 0.0387 / 0.0388.
+K8V4_SLABS_MIN_TILES = 64
+
+
+def split_tiles(max_tokens: int, block_size: int, num_splits: int, tile: int) -> int:
+    """Tiles in the longest split of a step (``kvkit.splits.split_page_range``'s cut).
+
+    Args:
+        max_tokens: int >= 0, the longest sequence the step allows (max_blocks x block_size).
+        block_size: int >= 1, tokens per page. num_splits: int >= 1.
+        tile: int >= 1, tokens per stage-1 tile (``kv_decode_launch``).
+
+    Returns:
+        ceil(pages_per_split * block_size / tile), 0 for an empty step.
+    """
+    max_tokens = check_int("max_tokens", max_tokens, 0)
+    block_size = check_int("block_size", block_size, 1)
+    num_splits = check_int("num_splits", num_splits, 1)
+    tile = check_int("tile", tile, 1)
+    pages = -(-max_tokens // block_size)
+    pages_per_split = -(-pages // num_splits)
+    return -(-pages_per_split * block_size // tile)
+
+
+def split_length_switches(fmt, loop: int, tiles: int) -> tuple[tuple[str, str], ...]:
+    """Switches (``_FAMILY_SWITCHES`` names and values) of the stage-1 build to launch instead
+    of the default build, for splits of ``tiles`` tiles; () keeps the default build.
+
+    Args:
+        fmt: a ``kvkit.formats`` format (its family and name pick the rule).
+        loop: the default build's loop flags (LOOP_* bits).
+        tiles: int >= 0, tiles in the longest split (``split_tiles``).
+    """
+    if fmt.family == "nvfp4" and loop & LOOP_TILE_PAIRS and tiles < NVFP4_PAIRS_MIN_TILES:
+        return (("KVKIT_DECODE_TILE_PAIRS", "0"),)
+    if (
+        fmt.name == "turboquant_k8v4"
+        and fmt.head_dim >= 128
+        and loop & LOOP_BULK_COPY
+        and not loop & LOOP_WARP_SLABS
+        and tiles >= K8V4_SLABS_MIN_TILES
+    ):
+        return (("KVKIT_DECODE_TQ_SLABS", "1"),)
+    return ()
