@@ -52,10 +52,11 @@ ALL_LOOPS = range(8)
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_nvfp4_pair_builds_give_short_splits_the_single_tile_loop(name, head_dim):
+    """At head_dim 128 only: at 64 the pairs measured faster at every split length."""
     fmt = formats.get(name, head_dim)
     short = sb.NVFP4_PAIRS_MIN_TILES - 1
     for loop in ALL_LOOPS:
-        pairs = bool(loop & sb.LOOP_TILE_PAIRS)
+        pairs = bool(loop & sb.LOOP_TILE_PAIRS) and head_dim == 128
         for tiles in (0, 1, short):
             want = (("KVKIT_DECODE_TILE_PAIRS", "0"),) if pairs else ()
             assert sb.split_length_switches(fmt, loop, tiles) == want
