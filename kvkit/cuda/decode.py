@@ -357,7 +357,7 @@ def _stage1_for(
     auto: tuple[tuple[str, str], ...] = (),
 ):  # fmt: skip
     """(kernel, shared bytes, threads, tile tokens, loop flags) of the stage-1 build for these
-    shapes and the KVKIT_DECODE_* environment; ``auto``: (switch, value) pairs of
+    shapes and the decode switches of the environment; ``auto``: (switch, value) pairs of
     ``_FAMILY_SWITCHES`` the launcher picks (``kvkit.cuda.split_builds``), each applied only
     where the environment leaves that switch unset."""
     import cupy
