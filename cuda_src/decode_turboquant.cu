@@ -154,6 +154,16 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif
+// -DKVKIT_DECODE_TQ_PAIRS256 (kvkit/cuda/decode.py; A/B runs): tile pairs at head_dim 256
+// too (decode_core.cuh KV_TILE_PAIRS_MAX_D), up to 4 query rows as at 128. 0 (default): none
+// at 256, the build before; 1: the 3-bit-key presets (3bit_nc, k3v4_nc); 2: 4bit_nc too. At
+// D = 256 a CTA has two per SM (<= 255 registers), so four stages (3bit_nc 12.7 KB each,
+// 4bit_nc 16.8 KB) fit beside the rest, and the registers hold two tiles' key and value words
+// beside the 64 accumulator floats.
+#if defined(KVKIT_DECODE_TQ_PAIRS256) && !TQ_KEY_FP8 && \
+    (KVKIT_DECODE_TQ_PAIRS256 == 2 || (KVKIT_DECODE_TQ_PAIRS256 == 1 && TQ_KEY_BITS == 3))
+#define KV_TILE_PAIRS_MAX_D 256
+#endif
 // -DKVKIT_DECODE_TQ3 (kvkit/cuda/decode.py; A/B runs): 1 takes the cheaper 3-bit plans, 0 the
 // build before them. Two changes, each where the static counts (scripts/sass_path.py, sm_90,
 // executed warp instructions per warp-tile; session 12) show a gain:
@@ -592,6 +602,43 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if !TQ_KEY_FP8 && TQ_KEY_BITS == 3 && KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN <= 8 && \
     !defined(KVD_STAGE_BUDGET_KB) && !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
 #define KVD_STAGE_BUDGET_KB 27
+#endif
+
+// -DKVKIT_DECODE_TQ_TOKEN_ORDER (kvkit/cuda/decode.py; A/B runs): the order in which the
+// tensor-core core takes a warp's 16 staged tokens (decode_mma.cuh KV_MMA_TOKEN_PERM, nibble i
+// = the token at score M row / PV k index i) for the codebook-key presets at head_dim 256.
+// 0 (default): tokens in order, the build before. 1: the tables below for the 3-bit-key
+// presets (3bit_nc, k3v4_nc); 2: for 4bit_nc too. Why: the staged rows are the unpadded
+// slots (TQ_SLOT_BYTES apart, 2-byte aligned), and a warp's key loads (lane c's code run of
+// tokens g, g + 8: KV_TQ_RUN_WORDS + 1 words each) and value loads (lane group g's codes of
+// tokens 2c + {0, 1, 8, 9}: KV_MMA_VRAW + 1 words, or 2-byte units) hit the same banks for
+// several lanes: at D = 256 the 198-byte 3bit_nc slot takes 4 wavefronts per value word
+// load (every lane's run starts at word 49.5 t + 3 g + 24.5: only 11 banks for 32 lanes).
+// Which token a lane reads is free (the same attention up to float32 rounding: which lane
+// sums which token), so each table is a permutation of 0..15 found by a search over that
+// bank model (tests/cuda/test_tq_token_order_model.py checks the counts): shared-memory
+// wavefronts per warp-tile of the key + value loads (norm, scale and zero included),
+// tokens in order -> table:
+//   3bit_nc  58 + 72 -> 44 + 48   k3v4_nc 60 + 28 -> 52 + 28   4bit_nc 38 + 28 -> 20 + 28
+// for +2 to +6 warp instructions per warp-tile (the permuted row offsets; scripts/sass_path.py,
+// sm_90, G = 4). Not at D = 64: the same search gives 3bit_nc 20 + 24 -> 14 + 16, k3v4_nc
+// 20 + 40 -> 14 + 24, but the tile pairs there (128 registers) recompute the lane's row offsets
+// per pair, +67 to +72 instructions per pair (~9%). D = 128 gains little (3bit_nc 28 + 32 ->
+// 18 + 32, 4bit_nc 22 + 40 -> 22 + 36).
+// The session-12 value-halves plan at D = 256 was slower although 91 instructions cheaper
+// per warp-tile: its 2-byte value loads take 104 wavefronts where the words take 72.
+#ifndef KVKIT_DECODE_TQ_TOKEN_ORDER
+#define KVKIT_DECODE_TQ_TOKEN_ORDER 0
+#endif
+#if !TQ_KEY_FP8 && (KVKIT_DECODE_TQ_TOKEN_ORDER == 2 || \
+                    (KVKIT_DECODE_TQ_TOKEN_ORDER == 1 && TQ_KEY_BITS == 3))
+#if KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3
+#define KV_MMA_TOKEN_PERM 0x1468b93deac2570full  // 15 0 7 5 2 12 10 14 13 3 9 11 8 6 4 1
+#elif KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4
+#define KV_MMA_TOKEN_PERM 0x0472bd1e85a3cf69ull  // 9 6 15 12 3 10 5 8 14 1 13 11 2 7 4 0
+#elif KV_HEAD_DIM == 256 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4
+#define KV_MMA_TOKEN_PERM 0x2b584769dce0a31full  // 15 1 3 10 0 14 12 13 9 6 7 4 8 5 11 2
+#endif
 #endif
 
 #include "common/decode_core.cuh"
