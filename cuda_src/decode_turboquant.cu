@@ -605,40 +605,41 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #endif
 
 // -DKVKIT_DECODE_TQ_TOKEN_ORDER (kvkit/cuda/decode.py; A/B runs): the order in which the
-// tensor-core core takes a warp's 16 staged tokens (decode_mma.cuh KV_MMA_TOKEN_PERM, nibble i
-// = the token at score M row / PV k index i) for the codebook-key presets at head_dim 256.
-// 0 (default): tokens in order, the build before. 1: the tables below for the 3-bit-key
-// presets (3bit_nc, k3v4_nc); 2: for 4bit_nc too. Why: the staged rows are the unpadded
-// slots (TQ_SLOT_BYTES apart, 2-byte aligned), and a warp's key loads (lane c's code run of
-// tokens g, g + 8: KV_TQ_RUN_WORDS + 1 words each) and value loads (lane group g's codes of
-// tokens 2c + {0, 1, 8, 9}: KV_MMA_VRAW + 1 words, or 2-byte units) hit the same banks for
-// several lanes: at D = 256 the 198-byte 3bit_nc slot takes 4 wavefronts per value word
-// load (every lane's run starts at word 49.5 t + 3 g + 24.5: only 11 banks for 32 lanes).
+// tensor-core core takes a warp's 16 staged tokens at head_dim 256 (decode_mma.cuh
+// KV_MMA_TOKEN_A / _B / _K). 0 (default): tokens in order, the build before. 1: the orders
+// below for 3bit_nc; 2: for 4bit_nc too (k3v4_nc keeps the order: none of this form helps it).
+// Why: the staged rows are the unpadded slots (TQ_SLOT_BYTES apart, 2-byte aligned), and a
+// warp's key loads (lane c's code run of tokens g, g + 8: KV_TQ_RUN_WORDS + 1 words each) and
+// value loads (lane group g's codes of tokens 2c + {0, 1, 8, 9}: KV_MMA_VRAW + 1 words) hit
+// the same banks for several lanes: the 198-byte 3bit_nc slot takes 4 wavefronts per value
+// word load (lane (g, c)'s run starts at word 99 c + 3 g + const: 11 banks for 32 lanes).
 // Which token a lane reads is free (the same attention up to float32 rounding: which lane
-// sums which token), so each table is a permutation of 0..15 found by a search over that
-// bank model (tests/cuda/test_tq_token_order_model.py checks the counts): shared-memory
-// wavefronts per warp-tile of the key + value loads (norm, scale and zero included),
-// tokens in order -> table:
-//   3bit_nc  58 + 72 -> 44 + 48   k3v4_nc 60 + 28 -> 52 + 28   4bit_nc 38 + 28 -> 20 + 28
-// for +2 to +6 warp instructions per warp-tile (the permuted row offsets; scripts/sass_path.py,
-// sm_90, G = 4). Not at D = 64: the same search gives 3bit_nc 20 + 24 -> 14 + 16, k3v4_nc
-// 20 + 40 -> 14 + 24, but the tile pairs there (128 registers) recompute the lane's row offsets
-// per pair, +67 to +72 instructions per pair (~9%). D = 128 gains little (3bit_nc 28 + 32 ->
-// 18 + 32, 4bit_nc 22 + 40 -> 22 + 36).
-// The session-12 value-halves plan at D = 256 was slower although 91 instructions cheaper
-// per warp-tile: its 2-byte value loads take 104 wavefronts where the words take 72.
+// sums which token); orders of the form tok(2c + e + 8f) = a(c) + B e + K f keep a lane's
+// rows one base plus constants (a free permutation cost the tile pairs ~30 instructions per
+// warp-tile in row offsets). Shared-memory wavefronts per warp-tile of the key + value loads
+// (norm, scale and zero included; tests/cuda/test_tq_token_order_model.py), in order ->
+// below: 3bit_nc 58 + 72 -> 46 + 56 (the best of the form; a free permutation 44 + 48),
+// 4bit_nc 38 + 28 -> 20 + 28, k3v4_nc 60 + 28 (best of the form 58 + 28; free 52 + 28).
+// Not at D = 64 (3bit_nc 20 + 24 and k3v4_nc 20 + 40 could go to 14 + 16 / 14 + 24 with free
+// permutations, but the 128-register pairs there recompute the lane's row offsets: +67 to
+// +72 instructions per pair) nor D = 128 (little to gain). The session-12 value-halves plan
+// at D = 256 (2-byte value loads) takes 104 value wavefronts where the words take 72, the
+// likely reason it measured slower while 91 instructions per warp-tile cheaper.
 #ifndef KVKIT_DECODE_TQ_TOKEN_ORDER
 #define KVKIT_DECODE_TQ_TOKEN_ORDER 0
 #endif
-#if !TQ_KEY_FP8 && (KVKIT_DECODE_TQ_TOKEN_ORDER == 2 || \
-                    (KVKIT_DECODE_TQ_TOKEN_ORDER == 1 && TQ_KEY_BITS == 3))
-#if KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3
-#define KV_MMA_TOKEN_PERM 0x1468b93deac2570full  // 15 0 7 5 2 12 10 14 13 3 9 11 8 6 4 1
-#elif KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4
-#define KV_MMA_TOKEN_PERM 0x0472bd1e85a3cf69ull  // 9 6 15 12 3 10 5 8 14 1 13 11 2 7 4 0
-#elif KV_HEAD_DIM == 256 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4
-#define KV_MMA_TOKEN_PERM 0x2b584769dce0a31full  // 15 1 3 10 0 14 12 13 9 6 7 4 8 5 11 2
-#endif
+#if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
+    KVKIT_DECODE_TQ_TOKEN_ORDER >= 1
+// a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
+#define KV_MMA_TOKEN_A 0x9810u
+#define KV_MMA_TOKEN_B 2
+#define KV_MMA_TOKEN_K 4
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_TQ_TOKEN_ORDER == 2
+// a(c) = 2 c; B = 8, K = 1: tokens 0 8 2 10 4 12 6 14 1 9 3 11 5 13 7 15
+#define KV_MMA_TOKEN_A 0x6420u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 1
 #endif
 
 #include "common/decode_core.cuh"

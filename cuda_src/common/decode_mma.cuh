@@ -91,9 +91,12 @@
 //                     kv_mma_tok below (score M row / PV k index i is token kv_mma_tok(i)),
 //                     for staging layouts whose bank pattern wants it (NVFP4's unpadded
 //                     64-byte value rows, decode_nvfp4.cu)
-//   KV_MMA_TOKEN_PERM  (with K_REGS and V_REGS, not with TOKEN_SWAP): a 64-bit constant whose
-//                     nibble i is kv_mma_tok(i), any permutation of 0..15 (a family's table for
-//                     its staging rows' bank pattern: decode_turboquant.cu)
+//   KV_MMA_TOKEN_A, _B, _K (with K_REGS and V_REGS, not with TOKEN_SWAP): the warp's tokens
+//                     in the order kv_mma_tok(2 c + e + 8 f) = a(c) + B e + K f (c = 0..3,
+//                     e, f = 0 or 1; a(c) nibble c of KV_MMA_TOKEN_A), a permutation of 0..15
+//                     of a family's choice for its staging rows' bank pattern
+//                     (decode_turboquant.cu). A lane's key rows (tokens g, g + 8) and value
+//                     rows (2 c + {0, 1, 8, 9}) stay one base plus constants, as in order.
 #pragma once
 
 #ifndef KV_MMA_VCODES
@@ -141,8 +144,8 @@
 #if KV_MMA_K_HILO && !KV_MMA_K_REGS
 #error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
 #endif
-#if defined(KV_MMA_TOKEN_PERM) && (KV_MMA_TOKEN_SWAP || !(KV_MMA_K_REGS && KV_MMA_V_REGS))
-#error "KV_MMA_TOKEN_PERM needs keys and values in registers and no KV_MMA_TOKEN_SWAP"
+#if defined(KV_MMA_TOKEN_A) && (KV_MMA_TOKEN_SWAP || !(KV_MMA_K_REGS && KV_MMA_V_REGS))
+#error "KV_MMA_TOKEN_A needs keys and values in registers and no KV_MMA_TOKEN_SWAP"
 #endif
 // -DKVKIT_DECODE_MASK_ALL=1: every tile through the masked softmax (no fully-visible-tile
 // fast path), for tests that compare the two bit for bit.
@@ -272,9 +275,9 @@ static_assert(SMEM + 1024 <= 228 * 1024 / KVD_MIN_BLOCKS,
 // a permutation of the same 16, so any such order is the same attention up to float32
 // rounding (which lane sums which token).
 __device__ __forceinline__ int kv_mma_tok(int i) {
-#if defined(KV_MMA_TOKEN_PERM)
-    // Nibble i of the family's table (i is lane-derived: loop-invariant row offsets).
-    return (int)((unsigned long long)(KV_MMA_TOKEN_PERM) >> (4 * i)) & 15;
+#if defined(KV_MMA_TOKEN_A)
+    return (int)(((unsigned)(KV_MMA_TOKEN_A) >> (4 * ((i >> 1) & 3))) & 15u) +
+           (KV_MMA_TOKEN_B) * (i & 1) + (KV_MMA_TOKEN_K) * (i >> 3);
 #elif KV_MMA_TOKEN_SWAP
     return i ^ ((i >> 1) & 1);
 #else
