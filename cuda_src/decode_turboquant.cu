@@ -154,6 +154,16 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif
+// -DKVKIT_DECODE_TQ_PAIRS256 (kvkit/cuda/decode.py; A/B runs): tile pairs at head_dim 256
+// too (decode_core.cuh KV_TILE_PAIRS_MAX_D), up to 4 query rows as at 128. 0 (default): none
+// at 256, the build before; 1: the 3-bit-key presets (3bit_nc, k3v4_nc); 2: 4bit_nc too. At
+// D = 256 a CTA has two per SM (<= 255 registers), so four stages (3bit_nc 12.7 KB each,
+// 4bit_nc 16.8 KB) fit beside the rest, and the registers hold two tiles' key and value words
+// beside the 64 accumulator floats.
+#if defined(KVKIT_DECODE_TQ_PAIRS256) && !TQ_KEY_FP8 && \
+    (KVKIT_DECODE_TQ_PAIRS256 == 2 || (KVKIT_DECODE_TQ_PAIRS256 == 1 && TQ_KEY_BITS == 3))
+#define KV_TILE_PAIRS_MAX_D 256
+#endif
 // -DKVKIT_DECODE_TQ3 (kvkit/cuda/decode.py; A/B runs): 1 takes the cheaper 3-bit plans, 0 the
 // build before them. Two changes, each where the static counts (scripts/sass_path.py, sm_90,
 // executed warp instructions per warp-tile; session 12) show a gain:
@@ -592,6 +602,44 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if !TQ_KEY_FP8 && TQ_KEY_BITS == 3 && KV_HEAD_DIM == 128 && KV_GROUP * KV_Q_LEN <= 8 && \
     !defined(KVD_STAGE_BUDGET_KB) && !(defined(KVKIT_DECODE_SIMT) && KVKIT_DECODE_SIMT)
 #define KVD_STAGE_BUDGET_KB 27
+#endif
+
+// -DKVKIT_DECODE_TQ_TOKEN_ORDER (kvkit/cuda/decode.py; A/B runs): the order in which the
+// tensor-core core takes a warp's 16 staged tokens at head_dim 256 (decode_mma.cuh
+// KV_MMA_TOKEN_A / _B / _K). 0 (default): tokens in order, the build before. 1: the orders
+// below for 3bit_nc; 2: for 4bit_nc too (k3v4_nc keeps the order: none of this form helps it).
+// Why: the staged rows are the unpadded slots (TQ_SLOT_BYTES apart, 2-byte aligned), and a
+// warp's key loads (lane c's code run of tokens g, g + 8: KV_TQ_RUN_WORDS + 1 words each) and
+// value loads (lane group g's codes of tokens 2c + {0, 1, 8, 9}: KV_MMA_VRAW + 1 words) hit
+// the same banks for several lanes: the 198-byte 3bit_nc slot takes 4 wavefronts per value
+// word load (lane (g, c)'s run starts at word 99 c + 3 g + const: 11 banks for 32 lanes).
+// Which token a lane reads is free (the same attention up to float32 rounding: which lane
+// sums which token); orders of the form tok(2c + e + 8f) = a(c) + B e + K f keep a lane's
+// rows one base plus constants (a free permutation cost the tile pairs ~30 instructions per
+// warp-tile in row offsets). Shared-memory wavefronts per warp-tile of the key + value loads
+// (norm, scale and zero included; tests/cuda/test_tq_token_order_model.py), in order ->
+// below: 3bit_nc 58 + 72 -> 46 + 56 (the best of the form; a free permutation 44 + 48),
+// 4bit_nc 38 + 28 -> 20 + 28, k3v4_nc 60 + 28 (best of the form 58 + 28; free 52 + 28).
+// Not at D = 64 (3bit_nc 20 + 24 and k3v4_nc 20 + 40 could go to 14 + 16 / 14 + 24 with free
+// permutations, but the 128-register pairs there recompute the lane's row offsets: +67 to
+// +72 instructions per pair) nor D = 128 (little to gain). The session-12 value-halves plan
+// at D = 256 (2-byte value loads) takes 104 value wavefronts where the words take 72, the
+// likely reason it measured slower while 91 instructions per warp-tile cheaper.
+#ifndef KVKIT_DECODE_TQ_TOKEN_ORDER
+#define KVKIT_DECODE_TQ_TOKEN_ORDER 0
+#endif
+#if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
+    KVKIT_DECODE_TQ_TOKEN_ORDER >= 1
+// a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
+#define KV_MMA_TOKEN_A 0x9810u
+#define KV_MMA_TOKEN_B 2
+#define KV_MMA_TOKEN_K 4
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_TQ_TOKEN_ORDER == 2
+// a(c) = 2 c; B = 8, K = 1: tokens 0 8 2 10 4 12 6 14 1 9 3 11 5 13 7 15
+#define KV_MMA_TOKEN_A 0x6420u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 1
 #endif
 
 #include "common/decode_core.cuh"

@@ -192,9 +192,15 @@
 #ifndef KV_TILE_PAIRS_ROWS
 #define KV_TILE_PAIRS_ROWS 8
 #endif
+// KV_TILE_PAIRS_MAX_D (a family's choice, default 128): the largest head_dim with pairs. At
+// D = 256 (one row tile, two CTAs per SM at <= 255 registers) four stages fit in shared memory
+// beside the rest; decode_mma.cuh checks that KVD_MIN_BLOCKS CTAs still fit an SM.
+#ifndef KV_TILE_PAIRS_MAX_D
+#define KV_TILE_PAIRS_MAX_D 128
+#endif
 #define KVD_TILE_PAIRS                                                                 \
     (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
-     KV_HEAD_DIM <= 128 && KVKIT_ARCH < 1200)
+     KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON

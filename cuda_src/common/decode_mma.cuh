@@ -91,6 +91,12 @@
 //                     kv_mma_tok below (score M row / PV k index i is token kv_mma_tok(i)),
 //                     for staging layouts whose bank pattern wants it (NVFP4's unpadded
 //                     64-byte value rows, decode_nvfp4.cu)
+//   KV_MMA_TOKEN_A, _B, _K (with K_REGS and V_REGS, not with TOKEN_SWAP): the warp's tokens
+//                     in the order kv_mma_tok(2 c + e + 8 f) = a(c) + B e + K f (c = 0..3,
+//                     e, f = 0 or 1; a(c) nibble c of KV_MMA_TOKEN_A), a permutation of 0..15
+//                     of a family's choice for its staging rows' bank pattern
+//                     (decode_turboquant.cu). A lane's key rows (tokens g, g + 8) and value
+//                     rows (2 c + {0, 1, 8, 9}) stay one base plus constants, as in order.
 #pragma once
 
 #ifndef KV_MMA_VCODES
@@ -137,6 +143,9 @@
 #endif
 #if KV_MMA_K_HILO && !KV_MMA_K_REGS
 #error "KV_MMA_K_HILO needs KV_MMA_K_REGS"
+#endif
+#if defined(KV_MMA_TOKEN_A) && (KV_MMA_TOKEN_SWAP || !(KV_MMA_K_REGS && KV_MMA_V_REGS))
+#error "KV_MMA_TOKEN_A needs keys and values in registers and no KV_MMA_TOKEN_SWAP"
 #endif
 // -DKVKIT_DECODE_MASK_ALL=1: every tile through the masked softmax (no fully-visible-tile
 // fast path), for tests that compare the two bit for bit.
@@ -250,10 +259,11 @@ constexpr int STG_BYTES = kvd::STAGES * kvd::STAGE_BYTES > kvd::a16(RED_BYTES) +
                               : kvd::a16(RED_BYTES) + ML_BYTES;
 constexpr int SMEM = OFF_STG + STG_BYTES;
 #if KVD_TILE_PAIRS
-// Tile pairs' four stages must leave four CTAs per SM (the 128-register cap assumes them):
-// 228 KB per SM on sm_90 / sm_100, 1 KB of it reserved per CTA (KV_TILE_PAIRS_ROWS limits
-// the rows where they would not fit).
-static_assert(SMEM + 1024 <= 228 * 1024 / 4, "tile pairs: four CTAs per SM must fit");
+// Tile pairs' four stages must leave KVD_MIN_BLOCKS CTAs per SM (four at D <= 128: the
+// 128-register cap assumes them; two at D = 256): 228 KB per SM on sm_90 / sm_100, 1 KB of it
+// reserved per CTA (KV_TILE_PAIRS_ROWS limits the rows where they would not fit).
+static_assert(SMEM + 1024 <= 228 * 1024 / KVD_MIN_BLOCKS,
+              "tile pairs: KVD_MIN_BLOCKS CTAs per SM must fit");
 #endif
 }  // namespace kvm
 
@@ -265,7 +275,10 @@ static_assert(SMEM + 1024 <= 228 * 1024 / 4, "tile pairs: four CTAs per SM must 
 // a permutation of the same 16, so any such order is the same attention up to float32
 // rounding (which lane sums which token).
 __device__ __forceinline__ int kv_mma_tok(int i) {
-#if KV_MMA_TOKEN_SWAP
+#if defined(KV_MMA_TOKEN_A)
+    return (int)(((unsigned)(KV_MMA_TOKEN_A) >> (4 * ((i >> 1) & 3))) & 15u) +
+           (KV_MMA_TOKEN_B) * (i & 1) + (KV_MMA_TOKEN_K) * (i >> 3);
+#elif KV_MMA_TOKEN_SWAP
     return i ^ ((i >> 1) & 1);
 #else
     return i;
@@ -354,6 +367,37 @@ __device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
 
 // The transpose of an 8 x 8 matrix of 16-bit values held in mma fragment layout (lane l
 // holds row l / 4, columns 2 (l % 4), +1), in the same layout (sm_75+).
+#if KV_MMA_K_REGS && KV_HEAD_DIM > 128
+// Tile pairs at D = 256 (decode_mma_pairs.cuh, KV_TILE_PAIRS_MAX_D): the pair's score k-steps
+// KS0, KS0 + 2, .. with compile-time indices (template recursion), where #pragma unroll left
+// the loop rolled for 3-bit keys (kv_tq_code_off3's chain folds only for a constant code
+// index, and the unroller judged the unfolded body too large). The same operations in the
+// same order as the loop of the D <= 128 pairs.
+template <int KS0>
+__device__ __forceinline__ void kv_pair_scores(const unsigned (*kraw)[2][KV_MMA_KRAW],
+                                               const unsigned* tab, unsigned qh_addr,
+                                               float (*sc)[kvm::NR][4]) {
+    if constexpr (KS0 < kvm::KS) {
+        unsigned qh[kvm::NR][4];
+#pragma unroll
+        for (int nr = 0; nr < kvm::NR; ++nr)
+            kv_ldsm_x4(qh[nr], qh_addr + nr * 16 * kvm::QSTR + KS0 * 32);
+#pragma unroll
+        for (int u = 0; u < 2; ++u) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                unsigned ah[4];
+                kv_mma_kstep_sel(false, kraw[h][0], KS0 + u, tab, &ah[0], &ah[2]);
+                kv_mma_kstep_sel(false, kraw[h][1], KS0 + u, tab, &ah[1], &ah[3]);
+#pragma unroll
+                for (int nr = 0; nr < kvm::NR; ++nr)
+                    kv_mma_f16(sc[h][nr], ah, qh[nr][2 * u], qh[nr][2 * u + 1]);
+            }
+        }
+        kv_pair_scores<KS0 + 2>(kraw, tab, qh_addr, sc);
+    }
+}
+#endif
 __device__ __forceinline__ unsigned kv_movmatrix_trans(unsigned x) {
     unsigned r;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));

@@ -81,6 +81,13 @@ if (pipe.slabs) {
 #endif
             }
         }
+#if KV_HEAD_DIM > 128
+        // D = 256 (KV_TILE_PAIRS_MAX_D): the same k-steps with compile-time indices
+        // (kv_pair_scores, decode_mma.cuh), as #pragma unroll left this loop rolled for
+        // 3-bit keys (their code offsets fold only once ks is a constant).
+        static_assert(!(KV_MMA_QSPLIT && !KV_MMA_PACK), "D = 256 pairs: packed columns");
+        kv_pair_scores<0>(kraw, tab_s, qh_addr, sc);
+#else
 #pragma unroll
         for (int ks = 0; ks < KS; ks += 2) {
             unsigned qh[NR][4];
@@ -110,6 +117,7 @@ if (pipe.slabs) {
                 }
             }
         }
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll

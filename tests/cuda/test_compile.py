@@ -253,6 +253,31 @@ def test_tensor_core_decode_does_not_spill(arch):
     assert bad == []
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
+def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
+    """TurboQuant's head_dim-256 switches (KVKIT_DECODE_TQ_TOKEN_ORDER, KVKIT_DECODE_TQ_PAIRS256,
+    decode_turboquant.cu; A/B builds) at 2 (every codebook-key preset), alone and together, on
+    the tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4; pairs up to 4 rows, sm_90 / sm_100a
+    only): no spills at the 255-register cap of D = 256."""
+    bad, cases, jobs = [], [], []
+    settings = ({"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"}, {"KVKIT_DECODE_TQ_PAIRS256": "2"},
+                {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2", "KVKIT_DECODE_TQ_PAIRS256": "2"})  # fmt: skip
+    for name in ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"):
+        for extra in settings:
+            for group, q_len in ((4, 1), (8, 1), (4, 2), (2, 4)):
+                defines = dict(formats.get(name, 256).cuda_defines())
+                defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **extra)
+                cases.append((name, tuple(extra), group, q_len))
+                jobs.append(("decode_turboquant.cu", defines, arch))
+    for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
+        assert "mma.sync.aligned" in res.ptx, case
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((case, spills))
+    assert bad == []
+
+
 def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
     """module_file compiles when its file is missing and, in a later process (fresh
     in-memory caches), finds the file by its key without running NVRTC; a changed define

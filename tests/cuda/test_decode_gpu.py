@@ -1353,3 +1353,67 @@ def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len,
     if pages.startswith("nhd"):
         store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0")
+
+
+# --- TurboQuant at head_dim 256: token order and tile pairs ----------------------------------
+# KVKIT_DECODE_TQ_TOKEN_ORDER (the warp's 16 tokens in a bank-friendly order, decode_mma.cuh
+# KV_MMA_TOKEN_PERM) and KVKIT_DECODE_TQ_PAIRS256 (the warp pipes' tile pairs at head_dim 256,
+# G * q_len <= 4): 1 for the 3-bit-key presets, 2 for 4bit_nc too (decode_turboquant.cu). Either
+# changes which lane sums which token (and pairs the softmax order), so the builds agree within
+# float32 reassociation, each within DECODE_GPU_RTOL of float64. Pairs need sm_90 / sm_100
+# warp pipes (through KVKIT_ARCH=sm_80 both values build the same code); the token order
+# applies on every target.
+TQ256_NAMES = ["turboquant_3bit_nc", "turboquant_k3v4_nc", "turboquant_4bit_nc"]
+TQ256_SWITCHES = ["KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_TQ_PAIRS256"]
+
+
+@pytest.mark.parametrize("name", TQ256_NAMES)
+@pytest.mark.parametrize("var", TQ256_SWITCHES)
+@pytest.mark.parametrize("group, q_len, block_size, window", [
+    (4, 1, 16, None), (4, 1, 64, 70), (1, 1, 128, None), (2, 2, 16, None), (2, 4, 64, 90),
+    (8, 1, 16, None),
+])  # fmt: skip
+def test_turboquant_256_switches_match_the_build_before(cp, name, var, group, q_len, block_size,
+                                                        window, monkeypatch):  # fmt: skip
+    """Value 2 against 0 at head_dim 256: a single partial or full tile, odd and even tile
+    counts, ragged ends, pages below, at and above the tile, a window, causal q_len > 1, 1-8
+    query rows (pairs up to 4; the token order at every tensor-core shape), 1 and 3 splits."""
+    case = Case(name, head_dim=256, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, var, "2", "0", exact="none")
+
+
+@pytest.mark.parametrize("var", TQ256_SWITCHES)
+def test_turboquant_256_switches_at_1_leave_4bit_nc_alone(cp, var, monkeypatch):
+    """Value 1 is for the 3-bit-key presets only: turboquant_4bit_nc bit for bit as 0."""
+    case = Case("turboquant_4bit_nc", head_dim=256, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None, seed=5)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, var, "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ256_NAMES)
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_turboquant_256_pairs_refill_their_page_windows(cp, name, block_size, monkeypatch):
+    """Splits of more than 32 tiles (70 even, 33 odd) at head_dim 256 with pairs and the token
+    order, against the build before: the 32-tile page windows refill between pairs."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_TOKEN_ORDER", "2")
+    case = Case(name, head_dim=256, hkv=1, group=4, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=None,
+                seed=block_size + 1)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS256", "2", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", TQ256_NAMES)
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1)])
+def test_turboquant_256_token_order_and_pairs_match_float64(cp, name, group, q_len,
+                                                            monkeypatch):  # fmt: skip
+    """Both switches at 2: every split count (1, 3, MAX_SPLITS, the heuristic) within
+    DECODE_GPU_RTOL of float64 and SPLIT_INVARIANCE_RTOL of each other, with sinks and a
+    soft-cap (the pair's logits path)."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_TOKEN_ORDER", "2")
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PAIRS256", "2")
+    case = Case(name, head_dim=256, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=13 + group)  # fmt: skip
+    check_against_reference(case)

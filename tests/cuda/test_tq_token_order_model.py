@@ -1,0 +1,123 @@
+"""Model of the TurboQuant token orders at head_dim 256 (cuda_src/decode_turboquant.cu
+KVKIT_DECODE_TQ_TOKEN_ORDER, decode_mma.cuh KV_MMA_TOKEN_PERM), without a GPU.
+
+The tensor-core tile reads the staged slots (unpadded, TQ_SLOT_BYTES apart in a warp's slab):
+keys, lane (g, c) = (lane / 4, lane % 4): the code run of tokens tok(g) and tok(g + 8) at
+byte KV_TQ_RUN_BYTES * c, as KV_TQ_RUN_WORDS + 1 aligned words (kv_tq_load_words), and the
+key norm; values, lane (g, c) and k = 0..3: the codes of token tok(2 c + (k & 1) + 8 (k >> 1))
+at byte TQ_VALUE_OFFSET + (D / 8) * bits / 8 * g, as whole words plus one (D = 256), and the
+value scale and zero. Wavefronts per warp instruction: the most distinct 4-byte words one of the
+32 banks serves. The tables' counts are the ones the kernel's comment gives.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from kvkit import formats
+
+SRC = Path(__file__).resolve().parents[2] / "cuda_src" / "decode_turboquant.cu"
+
+
+def wavefronts(words: list[int]) -> int:
+    per_bank: dict[int, set[int]] = {}
+    for w in words:
+        per_bank.setdefault(w % 32, set()).add(w)
+    return max(len(s) for s in per_bank.values())
+
+
+def slot_geometry(name: str, d: int) -> dict:
+    defs = formats.get(name, d).cuda_defines()
+    return {
+        "D": d,
+        "kb": int(defs["TQ_KEY_BITS"]),
+        "vb": int(defs["TQ_VALUE_BITS"]),
+        "slot": int(defs["TQ_SLOT_BYTES"]),
+        "voff": int(defs["TQ_VALUE_OFFSET"]),
+        "norm": int(defs["TQ_KEY_NORM_OFFSET"]),
+        "scale": int(defs["TQ_VALUE_SCALE_OFFSET"]),
+        "zero": int(defs["TQ_VALUE_ZERO_OFFSET"]),
+    }
+
+
+def tile_wavefronts(geo: dict, tok: list[int], value_units: int = 0) -> tuple[int, int]:
+    """(key, value) wavefronts per warp-tile; value_units = 16: the 2-byte value loads of the
+    halves plan instead of words."""
+    d, slot = geo["D"], geo["slot"]
+    run = (d // 4) * geo["kb"] // 8
+    nkw = (run + 3) // 4
+    k = 0
+    for tt in (0, 1):
+        rows = [tok[(lane >> 2) + 8 * tt] * slot for lane in range(32)]
+        for i in range(nkw + 1):
+            k += wavefronts([(r + run * (lane & 3)) // 4 + i for lane, r in enumerate(rows)])
+        k += wavefronts([(r + geo["norm"]) // 4 for r in rows])
+    vbytes = (d // 8) * geo["vb"] // 8
+    v = 0
+    for kk in range(4):
+        rows = [tok[2 * (lane & 3) + (kk & 1) + 8 * (kk >> 1)] * slot for lane in range(32)]
+        base = [r + geo["voff"] + vbytes * (lane >> 2) for lane, r in enumerate(rows)]
+        if value_units:
+            for i in range(vbytes // 2):
+                v += wavefronts([(b + 2 * i) // 4 for b in base])
+        else:
+            for i in range(vbytes // 4 + 1):
+                v += wavefronts([b // 4 + i for b in base])
+        v += wavefronts([(r + geo["scale"]) // 4 for r in rows])
+        v += wavefronts([(r + geo["zero"]) // 4 for r in rows])
+    return k, v
+
+
+def kernel_orders() -> dict[tuple[int, int], list[int]]:
+    """(key bits, value bits) -> the D = 256 token order of decode_turboquant.cu
+    (KV_MMA_TOKEN_A / _B / _K, decode_mma.cuh kv_mma_tok: a(c) + B e + K f at 2 c + e + 8 f)."""
+    text = SRC.read_text()
+    pat = re.compile(
+        r"TQ_KEY_BITS == (\d) && TQ_VALUE_BITS == (\d) &&.*?\n"
+        r"#define KV_MMA_TOKEN_A (0x[0-9a-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
+        r"#define KV_MMA_TOKEN_K (\d+)",
+        re.S,
+    )
+    out = {}
+    for kb, vb, a, b, k in pat.findall(text):
+        av, bv, kv = int(a, 16), int(b), int(k)
+        tok = [
+            ((av >> (4 * ((i >> 1) & 3))) & 15) + bv * (i & 1) + kv * (i >> 3) for i in range(16)
+        ]
+        out[(int(kb), int(vb))] = tok
+    return out
+
+
+IDENT = list(range(16))
+
+
+@pytest.mark.parametrize(
+    "name, before, after",
+    [
+        ("turboquant_3bit_nc", (58, 72), (46, 56)),
+        ("turboquant_k3v4_nc", (60, 28), None),  # keeps the order
+        ("turboquant_4bit_nc", (38, 28), (20, 28)),
+    ],
+)
+def test_token_orders_cut_the_bank_conflicts(name, before, after):
+    geo = slot_geometry(name, 256)
+    orders = kernel_orders()
+    assert len(orders) == 2
+    assert tile_wavefronts(geo, IDENT) == before
+    tok = orders.get((geo["kb"], geo["vb"]))
+    if after is None:
+        assert tok is None
+        return
+    assert sorted(tok) == IDENT  # a permutation of the warp's 16 tokens
+    assert tile_wavefronts(geo, tok) == after
+
+
+def test_value_halves_plan_took_more_wavefronts_at_256():
+    """The session-12 halves plan (2-byte value loads) against the word loads, tokens in
+    order: the reason given for its measured slowdown."""
+    geo = slot_geometry("turboquant_3bit_nc", 256)
+    assert tile_wavefronts(geo, IDENT, value_units=16)[1] == 104
+    assert tile_wavefronts(geo, IDENT)[1] == 72
