@@ -80,7 +80,7 @@
 // kvkit/cuda/write.py) and 6 = 5 with the key cell from one fma of t by the rcp.approx of den
 // (kv_tq_cell_v6, on a cell table that covers every |t / den| the near path can see), the
 // key norm's squares fused into its sums for float16 inputs (exact squares), and the value
-// scale's division by 2^b - 1 in three instructions (kv_tq_div_top).
+// scale's division by 2^b - 1 in three instructions and a select (kv_tq_div_top).
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -779,23 +779,20 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 }
 
 #if TQ_VARIANT >= 6
-// RN(w / top), top = 2^b - 1 (the value scale's division), in three instructions where
-// __fdiv_rn took about eight and a branch: q1 = RN(w y) with y = RN(1 / top) (TQ_V_RTOP, from
-// kvkit/formats/arch_models.py tq_v6_rtop), the remainder w - q1 top exactly by one fma, and
-// RN(q1 + rem y). That is RN(w / top) for every finite w (arch_models.tq_div_top_v6 and the
+// RN(w / top), top = 2^b - 1 (the value scale's division), in three instructions and a select
+// where __fdiv_rn took about eight and a branch: q1 = RN(w y) with y = RN(1 / top) (TQ_V_RTOP,
+// from kvkit/formats/arch_models.py tq_v6_rtop), the remainder w - q1 top exactly by one fma,
+// and RN(q1 + rem y). That is RN(w / top) for every finite w (arch_models.tq_div_top_v6 and the
 // exhaustive check over every float32 significand for top = 7 and 15 in
-// tests/formats/test_tq_near_models.py; quotients below the normal range only ever meet the
-// 1e-8 floor). An infinite or NaN w (hi - lo overflowing in float32 or bfloat16 rows; never
-// for float16 inputs, |hi - lo| <= 131008) would give NaN, so it is returned as w / top = w.
+// tests/formats/test_tq_near_v6.py; quotients below the normal range only ever meet the
+// 1e-8 floor). An infinite w (an infinite element, or hi - lo overflowing in float32 /
+// bfloat16 rows) would give NaN (inf - inf in rem), so it is returned as w / top = w; a NaN w
+// (every element NaN) is NaN either way. w >= 0 or NaN (hi >= lo).
 __device__ __forceinline__ float kv_tq_div_top(float w) {
     const float q1 = __fmul_rn(w, TQ_V_RTOP);
     const float rem = __fmaf_rn(-q1, (float)TQ_V_TOP, w);
     const float q = __fmaf_rn(rem, TQ_V_RTOP, q1);
-#if KV_IN_DTYPE == 1
-    return q;
-#else
     return w <= 3.402823466e38f ? q : w;
-#endif
 }
 #endif
 

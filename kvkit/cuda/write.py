@@ -239,8 +239,8 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: rcp.approx of den on a table widened to |y| <= 1 + 1 / scale (kv_tq_cell_v6,
 #: arch_models.tq_bucket_table_v6 / tq_near_key_index_v6: no clamp, no kv_divisor), the key
 #: norm's squares fused into its sums for float16 inputs (exact squares), and the value
-#: scale's division by 2^b - 1 in three instructions (kv_tq_div_top, arch_models.tq_div_top_v6).
-#: benchmarks/NOTES.md "w15".
+#: scale's division by 2^b - 1 in three fmas and a select (kv_tq_div_top,
+#: arch_models.tq_div_top_v6). benchmarks/NOTES.md "w15".
 TQ_VARIANTS = (0, 1, 2, 3, 4, 5, 6)
 #: The default for every preset: 5. Measured on the H200 (session 14; scripts/write_ab.py,
 #: kernel ms at 4M token-heads, fp16 inputs, pages order; the previous default -> 5):

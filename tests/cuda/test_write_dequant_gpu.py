@@ -830,7 +830,7 @@ def _tq6_rows(rng, n, heads, d, in_dtype, signs):
 @pytest.mark.parametrize("name", TQ_NAMES)
 def test_turboquant_variant_6_equals_numba(name, in_dtype, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=6 (one-fma key cells by rcp.approx on the widened table, fused
-    float16 key-norm squares, the value scale's division in three instructions): the Numba
+    float16 key-norm squares, the value scale's division in three fmas and a select): the Numba
     backend's bytes at D = 64 / 128 / 256 (k8v4 also 48 and 512: its values), three heads,
     permuted slots with padding (-1, -5), on _tq6_rows (variant 5's rows plus the |y| = 1
     keys, subnormal squares, the scale floor and overflowing value ranges)."""
