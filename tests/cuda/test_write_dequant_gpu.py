@@ -825,34 +825,40 @@ def _tq6_rows(rng, n, heads, d, in_dtype, signs):
     return k32, v32, k32, v32
 
 
+def _tq6_cases():
+    out = []
+    for name in TQ_NAMES:
+        for d in (48, 64, 128, 256, 512) if name == "turboquant_k8v4" else MSE_DIMS:
+            out.append(pytest.param(name, d, id=f"{name}-{d}"))
+    return out
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("in_dtype", IN_DTYPES)
-@pytest.mark.parametrize("name", TQ_NAMES)
-def test_turboquant_variant_6_equals_numba(name, in_dtype, monkeypatch):
+@pytest.mark.parametrize("name, d", _tq6_cases())
+def test_turboquant_variant_6_equals_numba(name, d, in_dtype, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=6 (one-fma key cells by rcp.approx on the widened table, fused
     float16 key-norm squares, the value scale's division in three fmas and a select): the Numba
     backend's bytes at D = 64 / 128 / 256 (k8v4 also 48 and 512: its values), three heads,
     permuted slots with padding (-1, -5), on _tq6_rows (variant 5's rows plus the |y| = 1
     keys, subnormal squares, the scale floor and overflowing value ranges)."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "6")
-    dims = (48, 64, 128, 256, 512) if name == "turboquant_k8v4" else MSE_DIMS
-    for d in dims:
-        fmt = formats.get(name, d)
-        heads, bs, nb = 3, 16, 5
-        n = nb * bs - 5
-        rng = np.random.default_rng(d * 11 + len(in_dtype))
-        signs = np.asarray(fmt.signs, np.float64) if fmt.key_kind == "mse" else np.ones(d)
-        k32, v32, k_in, v_in = _tq6_rows(rng, n, heads, d, in_dtype, signs)
-        slots = rng.permutation(nb * bs)[:n].astype(np.int64 if d % 128 else np.int32)
-        slots[rng.random(n) < 0.15] = -1
-        slots[3] = -5
-        scales = [1.0, 0.3712] if fmt.has_global_scales else [1.0]
-        for ks in scales:
-            cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d, scales=(ks, 1.0))
-            write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
-            assert int(gpu.error_flag.get()[0]) == 0
-            context = f"variant 6 {name} D={d} {in_dtype} k_scale {ks!r}"
-            assert_planes_equal(cpu, gpu, context=context)
+    fmt = formats.get(name, d)
+    heads, bs, nb = 3, 16, 5
+    n = nb * bs - 5
+    rng = np.random.default_rng(d * 11 + len(in_dtype))
+    signs = np.asarray(fmt.signs, np.float64) if fmt.key_kind == "mse" else np.ones(d)
+    k32, v32, k_in, v_in = _tq6_rows(rng, n, heads, d, in_dtype, signs)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64 if d % 128 else np.int32)
+    slots[rng.random(n) < 0.15] = -1
+    slots[3] = -5
+    scales = [1.0, 0.3712] if fmt.has_global_scales else [1.0]
+    for ks in scales:
+        cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d, scales=(ks, 1.0))
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 0
+        context = f"variant 6 {name} D={d} {in_dtype} k_scale {ks!r}"
+        assert_planes_equal(cpu, gpu, context=context)
 
 
 @pytest.mark.gpu
