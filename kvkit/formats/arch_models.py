@@ -803,6 +803,129 @@ def tq_near_value_codes_v5(
     return codes, gb.astype(np.uint32), ok
 
 
+# --- TurboQuant write variant 6 (cuda_src/write_turboquant.cu, TQ_VARIANT 6) ------------------
+
+
+def tq_bucket_table_v6(midpoints, centroids) -> BucketTable | None:
+    """Variant 6's cell table: tq_bucket_table's scale (so the same cells hold the midpoints and
+    tq_near_table_ok's margins are unchanged), widened to half = scale + 1 cells a side
+    (clamp = 1 + 1 / scale), so that every |y| <= 1 + 1 / scale has its own cell: the kernel's
+    one-fma cell rint(t r scale) + half (kv_tq_cell_v6) needs no clamp on the near path, where
+    |t r| < 1 + 2^-14 (tq_near_key_index_v6). The extra cells hold no midpoint (+-1 is past
+    every Lloyd-Max midpoint for N(0, 1 / D)), base 0 below and the midpoint count above."""
+    t = tq_bucket_table(midpoints, centroids)
+    if t is None:
+        return None
+    scale = float(t.scale)
+    half = int(scale) + 1
+    clamp = half / scale  # 1 + 1 / scale: exact in float32 (scale a power of two <= 2^20)
+    mids = np.asarray(midpoints, np.float32)
+    cents = np.asarray(centroids, np.float32)
+    if float(np.max(np.abs(mids))) >= 1.0:
+        return None
+    cells = np.rint(mids.astype(np.float64) * scale).astype(np.int64) + half
+    n = 2 * half + 1
+    base = np.searchsorted(cells, np.arange(n), side="left").astype(np.int32)
+    mid = np.full(n, np.nan, np.float32)
+    mid[cells] = mids
+    lo = cents[base]
+    hi = np.where(np.isnan(mid), lo, cents[np.minimum(base + 1, len(cents) - 1)])
+    return BucketTable(scale, clamp, base, mid, lo, hi)
+
+
+#: Bound on |t / den| where variant 6's near key path runs (tq_near_key_index_v6's lemma).
+TQ_V6_Y_BOUND = 1.0 + 2.0**-15
+
+
+def tq_near_key_index_v6(
+    t: np.ndarray, den, table: BucketTable, r_err: float = 0.0
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Variant 6's near key decision (kv_tq_cell_v6 and the loop after it) for rotated elements t
+    (float32) and the row's den (float32, broadcasts), on a tq_bucket_table_v6 table: (index,
+    the centroid whose square enters cn, ok, cell). Where ok the kernel keeps both; elsewhere
+    the lane divides exactly. The kernel runs this only for den in [2^-40, 2^40]; r is
+    rcp.approx.ftz(den), within 2^-22 of 1 / den (documented: 1 ulp); the model takes
+    RN(RN(1 / den) (1 + r_err)), r_err = 0 or +-2^-22 for the extremes.
+
+    Per element: cell = bits(RN(t rs + 1.5 * 2^23 + half)) - bits(1.5 * 2^23), rs = r scale
+    (exact: scale a power of two), i.e. rint(p scale) + half with p = t r (real; the fma's
+    product is exact and its one rounding has ulp 1 while |p scale| + half < 2^22); then as
+    variant 3: d = RN(mid[cell] - t r), index = base[cell] + signbit(d), ok = |d| > 2^-20.
+
+    Lemma (no clamp needed): on this path den = RN(RN(sqrt D) n) is in [2^-40, 2^40], so every
+    element x of s k is finite and n = RN(sqrt(S)), S the spec's float32 sum of RN(x^2) (NaN,
+    inf or an overflowing square would make den NaN or inf). Each rounding of S's sums and
+    squares loses at most a factor (1 - 2^-24), at most D + 1 of them on any path, plus
+    2^-150 per underflowing square (D 2^-150 <= 2^-142, against S >= 2^-80 / D (1 - 2^-16));
+    the two roundings of den and RN(sqrt D) one each: den >= sqrt(D) ||x|| (1 - 2^-16). The
+    FWHT's log2 D <= 8 stages give |t_i| <= (1 + 2^-24)^8 sum_j |x_j| <= (1 + 2^-21) sqrt(D)
+    ||x|| (RN is monotone, |RN(a +- b)| <= RN(|a| + |b|); Cauchy-Schwarz). So |t / den| <=
+    (1 + 2^-21) / (1 - 2^-16) < 1 + 2^-15 (TQ_V6_Y_BOUND) and |p| < (1 + 2^-15)(1 + 2^-22) <
+    1 + 2^-14 < clamp: cell in [0, 2 half].
+
+    Why index is the spec's #{midpoints <= y}, y = RN(t / den), where ok: as variant 3
+    (tq_near_key_index_v3) with p itself as the cell argument (no rounded u): |p - t / den| <=
+    2^-22 |t / den| (r's error) and |y - t / den| <= 2^-24 |t / den| + 2^-150, so |p - y| <
+    2^-21. (a) p and y in one cell: |d| > 2^-20 gives |mid - p| >= 2^-20 > |p - y|, so d,
+    mid - p and mid - y share one nonzero sign. (b) different cells: a cell edge e lies
+    between p and y (the cells are rint(. scale), monotone), |p - y| < 2^-21 and every
+    midpoint is more than 2^-16 from e (tq_near_table_ok): none lies between p and y. Cells
+    without a midpoint hold +inf: d = +inf, code base, not near.
+    """
+    t = np.asarray(t, np.float32)
+    den = np.broadcast_to(np.asarray(den, np.float32), t.shape)
+    with np.errstate(all="ignore"):
+        row_ok = (den >= DIV_LO) & (den <= DIV_HI)
+        r = (np.float32(1) / np.where(row_ok, den, np.float32(1))).astype(np.float32)
+        r = (r.astype(np.float64) * (1.0 + r_err)).astype(np.float32)
+        rs = (r * table.scale).astype(np.float32)
+        c6 = np.float32(float(BKT_MAGIC) + table.half)
+        g = fma_f32(t, rs, c6)
+        cell = g.view(np.uint32).astype(np.int64) - BKT_MAGIC_BITS
+        inside = (cell >= 0) & (cell < table.cells)
+        cl = np.clip(cell, 0, table.cells - 1)
+        mid = np.where(np.isnan(table.mid), np.float32(np.inf), table.mid).astype(np.float32)[cl]
+        d = fma_f32(-t, r, mid)
+        neg = np.signbit(d)
+        near = np.abs(d) <= TQ_NEAR_KEY
+    idx = table.base[cl].astype(np.int64) + neg.astype(np.int64)
+    cent = np.where(neg, table.cent_hi[cl], table.cent_lo[cl])
+    return idx, cent, row_ok & ~near & np.isfinite(t) & inside, cell
+
+
+def tq_v6_rtop(bits: int) -> np.float32:
+    """RN(1 / (2^bits - 1)) in float32: the kernel's TQ_V_RTOP (kv_tq_div_top)."""
+    return np.float32(np.float32(1) / np.float32((1 << bits) - 1))
+
+
+def tq_div_top_v6(w: np.ndarray, bits: int) -> np.ndarray:
+    """write_turboquant.cu kv_tq_div_top: q1 = RN(w y), rem = RN(w - q1 top) (one fma: exact),
+    RN(q1 + rem y), y = tq_v6_rtop(bits), top = 2^bits - 1; an infinite or NaN w is returned
+    as is (w / top = w there). The spec's value is RN(w / top) (IEEE division); the tests
+    compare the two over every float32 significand (the quotient's significand depends only
+    on w's while both stay normal)."""
+    w = np.asarray(w, np.float32)
+    y = tq_v6_rtop(bits)
+    top = np.float32((1 << bits) - 1)
+    with np.errstate(all="ignore"):
+        q1 = (w * y).astype(np.float32)
+        rem = fma_f32(-q1, top, w)
+        q = fma_f32(rem, y, q1)
+    return np.where(np.isfinite(w), q, w).astype(np.float32)
+
+
+def tq_norm_fused_f16(x: np.ndarray) -> np.ndarray:
+    """Variant 6's per-spec-lane sums of squares for float16 inputs: acc = RN(x0 x0), then
+    acc = fma(x_j, x_j, acc) (x (..., E) float32 values of float16 numbers), which equals the
+    spec's RN(acc + RN(x_j x_j)) because every such square is a float32 exactly (11 x 11
+    significant bits; |x|^2 in [2^-48, 65504^2])."""
+    x = np.asarray(x, np.float32)
+    acc = (x[..., 0] * x[..., 0]).astype(np.float32)
+    for j in range(1, x.shape[-1]):
+        acc = fma_f32(x[..., j], x[..., j], acc)
+    return acc
+
+
 def tq_pack_magic_codes(g: np.ndarray, bits: int) -> np.ndarray:
     """Variant 3's packing of E magic bit patterns g (..., E) uint32 (g_j = 1.5 * 2^23's bits +
     k_j, k_j < 2^bits, E * bits <= 32) as the kernel computes it in 32-bit registers:

@@ -784,3 +784,107 @@ def test_turboquant_variant_5_equals_default_on_gaussian_rows(name, monkeypatch)
         got[variant] = plane_bytes(gpu)
     for pname in got[""]:
         assert np.array_equal(got[""][pname], got["5"][pname]), pname
+
+
+# --- TurboQuant write variant 6 (KVKIT_WRITE_TQ_VARIANT=6; branch w15, benchmarks/NOTES.md) ---
+
+
+def _tq6_rows(rng, n, heads, d, in_dtype, signs):
+    """_tq5_rows plus variant 6's edges: key rows s * (a row of H_D) (one rotated element at
+    |t / den| = 1, the widened table's end; the rest exact zeros on the midpoint 0), key rows
+    whose other squares fall below the float32 normal range (float32 / bfloat16), value rows
+    with hi - lo at and around 15e-8 / 7e-8 (the scale's 1e-8 floor) and at the largest
+    finite halves (hi - lo = 131008), and float32 value rows whose hi - lo overflows."""
+    from kvkit.formats import hadamard
+
+    k32, v32, _, _ = _tq5_rows(rng, n, heads, d, in_dtype)
+    k, v = k32.astype(np.float64), v32.astype(np.float64)
+    h = np.asarray(hadamard.fwht_array(np.eye(d, dtype=np.float32)), np.float64)
+    for t in range(n):
+        hh = (t + 1) % heads
+        kind = t % 7
+        if kind == 0:
+            k[t, hh] = h[rng.integers(d)] * signs * rng.choice([1.0, 0.75, 3e-3, 1e4])
+        elif kind == 1:
+            k[t, hh] = rng.standard_normal(d) * (1e-41 if in_dtype != "float16" else 1e-7)
+            k[t, hh, rng.integers(d)] = 2.0**-30 if in_dtype != "float16" else 0.01
+            v[t, hh] = rng.uniform(0.0, 1.0, d) * 1.5e-7 * rng.choice([0.99, 1.0, 1.01, 0.5])
+        elif kind == 2:
+            big = 65504.0 if in_dtype == "float16" else 3.0e38
+            v[t, hh] = rng.uniform(-big, big, d)
+            v[t, hh, :2] = [-big, big]
+    k32 = np.clip(k, -3.0e38, 3.0e38).astype(np.float32)
+    v32 = np.clip(v, -3.0e38, 3.0e38).astype(np.float32)
+    if in_dtype == "float16":
+        with np.errstate(over="ignore"):
+            k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        return k_in.astype(np.float32), v_in.astype(np.float32), k_in, v_in
+    if in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        return codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in), k_in, v_in
+    return k32, v32, k32, v32
+
+
+def _tq6_cases():
+    out = []
+    for name in TQ_NAMES:
+        for d in (48, 64, 128, 256, 512) if name == "turboquant_k8v4" else MSE_DIMS:
+            out.append(pytest.param(name, d, id=f"{name}-{d}"))
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+@pytest.mark.parametrize("name, d", _tq6_cases())
+def test_turboquant_variant_6_equals_numba(name, d, in_dtype, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=6 (one-fma key cells by rcp.approx on the widened table, fused
+    float16 key-norm squares, the value scale's division in three fmas and a select): the Numba
+    backend's bytes at D = 64 / 128 / 256 (k8v4 also 48 and 512: its values), three heads,
+    permuted slots with padding (-1, -5), on _tq6_rows (variant 5's rows plus the |y| = 1
+    keys, subnormal squares, the scale floor and overflowing value ranges)."""
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "6")
+    fmt = formats.get(name, d)
+    heads, bs, nb = 3, 16, 5
+    n = nb * bs - 5
+    rng = np.random.default_rng(d * 11 + len(in_dtype))
+    signs = np.asarray(fmt.signs, np.float64) if fmt.key_kind == "mse" else np.ones(d)
+    k32, v32, k_in, v_in = _tq6_rows(rng, n, heads, d, in_dtype, signs)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64 if d % 128 else np.int32)
+    slots[rng.random(n) < 0.15] = -1
+    slots[3] = -5
+    scales = [1.0, 0.3712] if fmt.has_global_scales else [1.0]
+    for ks in scales:
+        cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d, scales=(ks, 1.0))
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 0
+        context = f"variant 6 {name} D={d} {in_dtype} k_scale {ks!r}"
+        assert_planes_equal(cpu, gpu, context=context)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_variant_6_equals_default_on_gaussian_rows(name, monkeypatch):
+    """Variant 6 and the default variant write the same bytes on 4096 Gaussian float16 token-heads
+    (D = 128, 8 heads, page-ordered slots, the benchmark's shape scaled down)."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    d, heads, bs = 128, 8, 16
+    fmt = formats.get(name, d)
+    n = 512
+    rng = np.random.default_rng(19)
+    k = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    v = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    slots = cupy.arange(n, dtype=cupy.int32)
+    got = {}
+    for variant in ("", "6"):
+        if variant:
+            monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+        else:
+            monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
+        _, gpu = make_layers(fmt, heads, n // bs, bs, seed=1)
+        write_rows(gpu, k, v, slots, "float16")
+        got[variant] = plane_bytes(gpu)
+    for pname in got[""]:
+        assert np.array_equal(got[""][pname], got["6"][pname]), pname
