@@ -195,6 +195,26 @@
 #define KVD_TILE_PAIRS                                                                 \
     (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
      KV_HEAD_DIM <= 128 && KVKIT_ARCH < 1200)
+// Tile pairs' lane offsets (default 0, the build before; KVKIT_DECODE_PAIR_ADDR=0 / 1,
+// kvkit/cuda/decode.py, for A/B builds): the pair loop (decode_mma_pairs.cuh) reads its key
+// and value rows at per-lane byte offsets worked out once before the loop (opaque, so held
+// in registers, not rebuilt from the lane index every pair), the lane terms the family's
+// hooks would add (kv_mma_klane / kv_mma_vlane) folded in and the hooks called with c = g = 0.
+// The static walk (scripts/sass_path.py, sm_90, NVFP4, D = 128, G = 4) spent ~110 warp
+// instructions per pair on those addresses (the token order kv_mma_tok, the row strides and
+// the lane terms, per tile and per token), at the 128-register cap where the compiler did
+// not hold them: benchmarks/NOTES.md "n15". The same loads of the same bytes: the same bits.
+// Only for families that give the lane terms (KV_MMA_LANE_OFFS: NVFP4 without row gaps).
+#if defined(KVKIT_DECODE_PAIR_ADDR)
+#define KVD_PAIR_ADDR_ON KVKIT_DECODE_PAIR_ADDR
+#else
+#define KVD_PAIR_ADDR_ON 0
+#endif
+#if defined(KV_MMA_LANE_OFFS) && KVD_PAIR_ADDR_ON
+#define KVD_PAIR_ADDR KVD_TILE_PAIRS
+#else
+#define KVD_PAIR_ADDR 0
+#endif
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON

@@ -65,7 +65,11 @@ every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp s
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
 picks NVFP4's tile copies on sm_90+ at head_dim 64 in the tensor-core launches: cp.async
 pieces / warp slabs with warp pipes, value rows with a row's gap per 4 rows / the same,
-unpadded (the default); same bits (A/B runs).
+unpadded (the default); same bits (A/B runs). ``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how
+NVFP4's tile-pair loop (sm_90 / sm_100, head_dim 64 and 128) addresses its tiles: as before
+(the default) / per-lane row offsets worked out once before the loop and both tiles' copies
+issued together (one proxy fence, shared stage and destination arithmetic); the same loads
+of the same bytes, so the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -342,6 +346,10 @@ _FAMILY_SWITCHES = (
     # (decode_core.cuh KVD_TILE_PAIRS, decode_mma_pairs.cuh): one softmax update and one
     # fresh-accumulator add per 32 tokens of a warp.
     ("KVKIT_DECODE_TILE_PAIRS", ("0", "1"), ("nvfp4", "turboquant")),
+    # NVFP4's tile-pair loop: its row addresses from per-lane offsets held over the loop and
+    # both tiles' copies issued together (1), or as before (0, the default) (decode_core.cuh
+    # KVD_PAIR_ADDR).
+    ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
