@@ -1296,6 +1296,50 @@ struct KvTilePipe {
                 slab_copies<true>(sa, pg, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
         }
     }
+#if KVD_PAIR_ADDR
+    // issue(j); issue(j + 1) of the tile-pair loop (slab launches, KVD_PAIR_ADDR; j even, so
+    // with 4 stages tile j + 1 has the next stage and barrier, and both lie in one page
+    // window): the same arrivals, pages and copies, with t16, the stage address, the page-size
+    // branch and the proxy fence once for both (the fence orders the lanes' earlier generic
+    // reads, which tile_sync's __syncwarp put before it, before every copy after it).
+    __device__ __forceinline__ void issue_pair(int j, KV_PLANE_PARAM_DECL) {
+        static_assert(kvd::STAGES == 4, "issue_pair: stages of tiles j, j + 1 adjacent");
+        constexpr unsigned TW = KV_P0_BYTES + KV_P1_BYTES + KV_P2_BYTES + KV_P3_BYTES;
+        pg_bits <<= 2;
+        if (j >= n_tiles) return;
+        const bool two = j + 1 < n_tiles;
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+        const int pg0 = warp_page(j);
+        const int pg1 = two ? warp_page(j + 1) : -1;
+        pg_bits |= (pg0 >= 0 ? 2u : 0u) | (pg1 >= 0 ? 1u : 0u);
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        kv_mbar_arrive_tx_warp(bar, pg0 >= 0 ? 16u * TW : 0u);
+        if (two) kv_mbar_arrive_tx_warp(bar + 8u, pg1 >= 0 ? 16u * TW : 0u);
+        if (pg0 >= 0 || pg1 >= 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            const unsigned sa = kv_smem_addr(stg) + (unsigned)((j % kvd::STAGES) * kvd::STAGE_BYTES);
+            constexpr unsigned SB = kvd::STAGE_BYTES;
+            if (block_size <= kvd::TILE) {
+                if (pg0 >= 0) slab_copies<false>(sa, pg0, 0, t16, bar, KV_PLANE_PARAMS);
+                if (pg1 >= 0) slab_copies<false>(sa + SB, pg1, 0, t16, bar + 8u, KV_PLANE_PARAMS);
+            } else {
+                const int t0 = first_token(j);
+                if (pg0 >= 0)
+                    slab_copies<true>(sa, pg0, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
+                if (pg1 >= 0)
+                    slab_copies<true>(sa + SB, pg1, (t0 + kvd::TILE) & (block_size - 1), t16,
+                                      bar + 8u, KV_PLANE_PARAMS);
+            }
+        }
+    }
+    // wait<>(j); wait<>(j + 1) of the tile-pair loop (j even: adjacent barriers, one phase).
+    __device__ __forceinline__ void wait_pair(int j) const {
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        const unsigned par = (unsigned)(j / kvd::STAGES) & 1u;
+        kv_mbar_wait(bar, par);
+        kv_mbar_wait(bar + 8u, par);
+    }
+#endif
     template <bool OFFV>
     __device__ __forceinline__ void slab_copies(unsigned sa, int pg, int offv, int t16,
                                                 unsigned bar, KV_PLANE_PARAM_DECL) const {
@@ -1414,8 +1458,16 @@ struct KvTilePipe {
             // the CTA's, so every warp made (kv_make_pipe) and retires its barriers.
             __syncwarp();
             if ((threadIdx.x & (KV_WARP - 1)) == 0) {
+#if KVD_PAIR_ADDR
+                // bar_sa worked out again (kv_make_pipe's), so that it need not outlive the
+                // loop: with the pair loop's lane offsets ptxas spilled it there (sm_90).
+                const unsigned b0 = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE) +
+                                    8u * kvd::STAGES * (threadIdx.x / KV_WARP);
+#else
+                const unsigned b0 = bar_sa;
+#endif
 #pragma unroll
-                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(b0 + 8u * j);
             }
             return;
         }

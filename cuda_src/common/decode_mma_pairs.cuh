@@ -66,11 +66,17 @@ if (pipe.slabs) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
         // PDL: at the start of the pair that holds the last tile.
         if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
+#if KVD_PAIR_ADDR
+        pipe.wait_pair(ia);
+        pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
+        pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
+#else
         pipe.wait<STAGES - 2>(ia);
         pipe.wait<STAGES - 2>(ia + 1);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
+#endif
         pipe.advance_pages(ia);
         bool whp[2];
         int t0[2];
