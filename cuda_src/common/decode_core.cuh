@@ -1310,7 +1310,8 @@ struct KvTilePipe {
         const bool two = j + 1 < n_tiles;
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
         const int pg0 = warp_page(j);
-        const int pg1 = two ? warp_page(j + 1) : -1;
+        // (-1 past n_tiles: window_check's live() test; tile j + 1 is in tile j's window.)
+        const int pg1 = warp_page(j + 1);
         pg_bits |= (pg0 >= 0 ? 2u : 0u) | (pg1 >= 0 ? 1u : 0u);
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg0 >= 0 ? 16u * TW : 0u);
