@@ -1475,8 +1475,15 @@ struct KvTilePipe {
 #endif
 #if KVD_BULK
         if (fast && threadIdx.x == 0) {
+#if KVD_PAIR_ADDR
+            // (As above: kv_make_pipe's bar_sa of launches without slabs; ptxas spilled it at
+            // G x q_len = 2 x 4 with bf16 queries, sm_90.)
+            const unsigned b0 = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
+#else
+            const unsigned b0 = bar_sa;
+#endif
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+            for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(b0 + 8u * j);
         }
 #endif
     }
