@@ -260,6 +260,17 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s0);
 #endif
 }
+// Tile pairs' lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets kv_mma_kload adds
+// to row pointers 0 (codes) and 1 (scales) for lane column c, the same expressions as there;
+// kv_mma_vlane below for kv_mma_vload. Not with row gaps (KV_P2_SGAP: the session-10 tile at
+// D = 128, KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 at D = 64), where the pair loop's row offsets
+// are not linear in the token.
+#if !defined(KV_P2_SGAP)
+#define KV_MMA_LANE_OFFS 1
+#endif
+__device__ __forceinline__ int kv_mma_klane(int p, int c) {
+    return p == 0 ? (KV_NVFP4_KPL / 2) * c : (KV_NVFP4_KPL * c) / KV_NVFP4_BLOCK;
+}
 // e2m1 codes at bits S.. and 16 + S.. of x -> fp16x2 of e2m1 * 2^-14 (kv_dc_e2m1_pair_f16x2
 // of x >> S, with the shifts folded).
 template <int S>
@@ -346,6 +357,16 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
         raw[1] = 0u;
     }
     raw[2] = rows[3][(VPL * g) / KV_NVFP4_BLOCK];
+#endif
+}
+// The byte offsets kv_mma_vload adds to row pointers 2 (codes) and 3 (scales) for lane group
+// g (tile pairs' lane offsets, kv_mma_klane above).
+__device__ __forceinline__ int kv_mma_vlane(int p, int g) {
+    constexpr int VPL = KV_HEAD_DIM / 8;
+#if KV_HEAD_DIM == 256
+    return p == 2 ? (VPL / 2) * g : 2 * g;
+#else
+    return p == 2 ? (VPL / 2) * g : (VPL * g) / KV_NVFP4_BLOCK;
 #endif
 }
 // Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as

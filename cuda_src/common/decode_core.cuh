@@ -201,6 +201,26 @@
 #define KVD_TILE_PAIRS                                                                 \
     (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
      KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
+// Tile pairs' lane offsets (default 0, the build before; KVKIT_DECODE_PAIR_ADDR=0 / 1,
+// kvkit/cuda/decode.py, for A/B builds): the pair loop (decode_mma_pairs.cuh) reads its key
+// and value rows at per-lane byte offsets worked out once before the loop (opaque, so held
+// in registers, not rebuilt from the lane index every pair), the lane terms the family's
+// hooks would add (kv_mma_klane / kv_mma_vlane) folded in and the hooks called with c = g = 0.
+// The static walk (scripts/sass_path.py, sm_90, NVFP4, D = 128, G = 4) spent ~110 warp
+// instructions per pair on those addresses (the token order kv_mma_tok, the row strides and
+// the lane terms, per tile and per token), at the 128-register cap where the compiler did
+// not hold them: benchmarks/NOTES.md "n15". The same loads of the same bytes: the same bits.
+// Only for families that give the lane terms (KV_MMA_LANE_OFFS: NVFP4 without row gaps).
+#if defined(KVKIT_DECODE_PAIR_ADDR)
+#define KVD_PAIR_ADDR_ON KVKIT_DECODE_PAIR_ADDR
+#else
+#define KVD_PAIR_ADDR_ON 0
+#endif
+#if defined(KV_MMA_LANE_OFFS) && KVD_PAIR_ADDR_ON
+#define KVD_PAIR_ADDR KVD_TILE_PAIRS
+#else
+#define KVD_PAIR_ADDR 0
+#endif
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -1282,6 +1302,51 @@ struct KvTilePipe {
                 slab_copies<true>(sa, pg, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
         }
     }
+#if KVD_PAIR_ADDR
+    // issue(j); issue(j + 1) of the tile-pair loop (slab launches, KVD_PAIR_ADDR; j even, so
+    // with 4 stages tile j + 1 has the next stage and barrier, and both lie in one page
+    // window): the same arrivals, pages and copies, with t16, the stage address, the page-size
+    // branch and the proxy fence once for both (the fence orders the lanes' earlier generic
+    // reads, which tile_sync's __syncwarp put before it, before every copy after it).
+    __device__ __forceinline__ void issue_pair(int j, KV_PLANE_PARAM_DECL) {
+        static_assert(kvd::STAGES == 4, "issue_pair: stages of tiles j, j + 1 adjacent");
+        constexpr unsigned TW = KV_P0_BYTES + KV_P1_BYTES + KV_P2_BYTES + KV_P3_BYTES;
+        pg_bits <<= 2;
+        if (j >= n_tiles) return;
+        const bool two = j + 1 < n_tiles;
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+        const int pg0 = warp_page(j);
+        // (-1 past n_tiles: window_check's live() test; tile j + 1 is in tile j's window.)
+        const int pg1 = warp_page(j + 1);
+        pg_bits |= (pg0 >= 0 ? 2u : 0u) | (pg1 >= 0 ? 1u : 0u);
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        kv_mbar_arrive_tx_warp(bar, pg0 >= 0 ? 16u * TW : 0u);
+        if (two) kv_mbar_arrive_tx_warp(bar + 8u, pg1 >= 0 ? 16u * TW : 0u);
+        if (pg0 >= 0 || pg1 >= 0) {
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            const unsigned sa = kv_smem_addr(stg) + (unsigned)((j % kvd::STAGES) * kvd::STAGE_BYTES);
+            constexpr unsigned SB = kvd::STAGE_BYTES;
+            if (block_size <= kvd::TILE) {
+                if (pg0 >= 0) slab_copies<false>(sa, pg0, 0, t16, bar, KV_PLANE_PARAMS);
+                if (pg1 >= 0) slab_copies<false>(sa + SB, pg1, 0, t16, bar + 8u, KV_PLANE_PARAMS);
+            } else {
+                const int t0 = first_token(j);
+                if (pg0 >= 0)
+                    slab_copies<true>(sa, pg0, t0 & (block_size - 1), t16, bar, KV_PLANE_PARAMS);
+                if (pg1 >= 0)
+                    slab_copies<true>(sa + SB, pg1, (t0 + kvd::TILE) & (block_size - 1), t16,
+                                      bar + 8u, KV_PLANE_PARAMS);
+            }
+        }
+    }
+    // wait<>(j); wait<>(j + 1) of the tile-pair loop (j even: adjacent barriers, one phase).
+    __device__ __forceinline__ void wait_pair(int j) const {
+        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+        const unsigned par = (unsigned)(j / kvd::STAGES) & 1u;
+        kv_mbar_wait(bar, par);
+        kv_mbar_wait(bar + 8u, par);
+    }
+#endif
     template <bool OFFV>
     __device__ __forceinline__ void slab_copies(unsigned sa, int pg, int offv, int t16,
                                                 unsigned bar, KV_PLANE_PARAM_DECL) const {
@@ -1400,16 +1465,31 @@ struct KvTilePipe {
             // the CTA's, so every warp made (kv_make_pipe) and retires its barriers.
             __syncwarp();
             if ((threadIdx.x & (KV_WARP - 1)) == 0) {
+#if KVD_PAIR_ADDR
+                // bar_sa worked out again (kv_make_pipe's), so that it need not outlive the
+                // loop: with the pair loop's lane offsets ptxas spilled it there (sm_90).
+                const unsigned b0 = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE) +
+                                    8u * kvd::STAGES * (threadIdx.x / KV_WARP);
+#else
+                const unsigned b0 = bar_sa;
+#endif
 #pragma unroll
-                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+                for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(b0 + 8u * j);
             }
             return;
         }
 #endif
 #if KVD_BULK
         if (fast && threadIdx.x == 0) {
+#if KVD_PAIR_ADDR
+            // (As above: kv_make_pipe's bar_sa of launches without slabs; ptxas spilled it at
+            // G x q_len = 2 x 4 with bf16 queries, sm_90.)
+            const unsigned b0 = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
+#else
+            const unsigned b0 = bar_sa;
+#endif
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(bar_sa + 8u * j);
+            for (int j = 0; j < kvd::STAGES; ++j) kv_mbar_inval(b0 + 8u * j);
         }
 #endif
     }

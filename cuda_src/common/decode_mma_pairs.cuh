@@ -29,16 +29,54 @@ static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIREC
 static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
+#if KVD_PAIR_ADDR
+    // Lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets in their plane's region
+    // of a stage of the rows the hooks read, their lane terms (kv_mma_klane / kv_mma_vlane)
+    // included, for the score token kv_mma_tok(g) (codes lk0, scales lk1; token g + 8 is 8
+    // rows on) and the PV token kv_mma_tok(2 c) (lv2, lv3; 2 c + 1 is kv_mma_tok(2 c) ^ 1, and
+    // with a power-of-two row stride above the lane term (codes 8 g < 64 at D = 128, scales
+    // g < 8) its offset is that one ^ the stride; 2 c + 8, 2 c + 9 are 8 rows on). Opaque
+    // copies: held over the loop, not rebuilt from the lane index every pair.
+    static_assert(kvd::GP0 == 0 && kvd::GP1 == 0 && kvd::GP2 == 0 && kvd::GP3 == 0,
+                  "pair lane offsets: rows without gaps (offsets linear in the token)");
+    static_assert(!KV_HAS_KMUL && !KV_MMA_VCODES, "pair lane offsets: the NVFP4 hooks' rows only");
+    // The staging row strides of slab launches (KvTilePipe::rows_slabs's).
+    constexpr int SR0 = KV_P0_BYTES % 16 == 0 ? kvd::WP0 : KV_P0_BYTES;
+    constexpr int SR1 = KV_P1_BYTES % 16 == 0 ? kvd::WP1 : KV_P1_BYTES;
+    constexpr int SR2 = KV_P2_BYTES % 16 == 0 ? kvd::WP2 : KV_P2_BYTES;
+    constexpr int SR3 = KV_P3_BYTES % 16 == 0 ? kvd::WP3 : KV_P3_BYTES;
+    static_assert((SR2 & (SR2 - 1)) == 0 && (SR3 & (SR3 - 1)) == 0,
+                  "pair lane offsets: value rows a power of two apart");
+    unsigned lk0, lk1, lv2, lv3;
+    {
+        const int tk = tw0 + kv_mma_tok(g);
+        const int tv = tw0 + kv_mma_tok(2 * c);
+        asm volatile("mov.b32 %0, %4;\n\tmov.b32 %1, %5;\n\tmov.b32 %2, %6;\n\tmov.b32 %3, %7;"
+                     : "=r"(lk0), "=r"(lk1), "=r"(lv2), "=r"(lv3)
+                     : "r"(tk * SR0 + kv_mma_klane(0, c)), "r"(tk * SR1 + kv_mma_klane(1, c)),
+                       "r"(tv * SR2 + kv_mma_vlane(2, g)),
+                       "r"(tv * SR3 + kv_mma_vlane(3, g)));
+    }
+    constexpr int LC = 0;  // the lane terms are in the offsets: the hooks' c and g
+#else
+    const int LC = c;
+#endif
 #pragma unroll 1
     for (; i_rest + 1 < n_tiles; i_rest += 2) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
         // PDL: at the start of the pair that holds the last tile.
         if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
+#if KVD_PAIR_ADDR
+        pipe.wait_pair(ia);
+        pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
+        pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
+#else
         pipe.wait<STAGES - 2>(ia);
         pipe.wait<STAGES - 2>(ia + 1);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
+#endif
         pipe.advance_pages(ia);
         bool whp[2];
         int t0[2];
@@ -50,8 +88,17 @@ if (pipe.slabs) {
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
             const unsigned char* s = pipe.stage(ia + h);
+#if KVD_PAIR_ADDR
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+                kr[h][tt][0] = s + lk0 + tt * 8 * SR0;
+                kr[h][tt][1] = s + kvd::SO1 + lk1 + tt * 8 * SR1;
+                kr[h][tt][2] = kr[h][tt][3] = s;  // (not read: KV_HAS_KMUL 0)
+            }
+#else
             pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kr[h][0]);
             pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kr[h][1]);
+#endif
         }
 
         // (a2) pair scores: S^T = K Q^T for both tiles; each query fragment loaded once.
@@ -70,8 +117,8 @@ if (pipe.slabs) {
         float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            kv_mma_kload(kr[h][0], c, kraw[h][0]);
-            kv_mma_kload(kr[h][1], c, kraw[h][1]);
+            kv_mma_kload(kr[h][0], LC, kraw[h][0]);
+            kv_mma_kload(kr[h][1], LC, kraw[h][1]);
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
 #if KV_HAS_KMUL
@@ -271,8 +318,15 @@ if (pipe.slabs) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];
+#if KVD_PAIR_ADDR
+                rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
+                rv[2] = s + kvd::SO2 + ((k & 1) ? lv2 ^ SR2 : lv2) + (k >> 1) * 8 * SR2;
+                rv[3] = s + kvd::SO3 + ((k & 1) ? lv3 ^ SR3 : lv3) + (k >> 1) * 8 * SR3;
+                kv_mma_vload(rv, 0, vraw[h][k]);
+#else
                 pipe.rows_slabs(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
                 kv_mma_vload(rv, g, vraw[h][k]);
+#endif
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).

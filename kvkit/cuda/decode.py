@@ -76,6 +76,11 @@ unpadded slots; decode_turboquant.cu) for turboquant_3bit_nc / for turboquant_4b
 pairs (as ``KVKIT_DECODE_TILE_PAIRS``, G * q_len <= 4) for the 3-bit-key presets
 (turboquant_3bit_nc, turboquant_k3v4_nc) / for turboquant_4bit_nc too; float32 rounding
 apart, the same attention (which lane sums which token, another softmax order).
+``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how
+NVFP4's tile-pair loop (sm_90 / sm_100, head_dim 64 and 128) addresses its tiles: as before
+(the default) / per-lane row offsets worked out once before the loop and both tiles' copies
+issued together (one proxy fence, shared stage and destination arithmetic); the same loads
+of the same bytes, so the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -358,6 +363,10 @@ _FAMILY_SWITCHES = (
     # (KV_TILE_PAIRS_MAX_D; 0 none, the default, 1 the 3-bit-key presets, 2 4bit_nc too).
     ("KVKIT_DECODE_TQ_TOKEN_ORDER", ("0", "1", "2"), ("turboquant",)),
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
+    # NVFP4's tile-pair loop: its row addresses from per-lane offsets held over the loop and
+    # both tiles' copies issued together (1), or as before (0, the default) (decode_core.cuh
+    # KVD_PAIR_ADDR).
+    ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

@@ -493,8 +493,11 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation (bad pages are masked per
     tile of a pair)."""
     pairs = var == "KVKIT_DECODE_TILE_PAIRS"
-    assert pairs or var in _TILE_LOOP_SWITCHES
-    if not pairs:
+    # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
+    # bit for bit.
+    pair_addr = var == "KVKIT_DECODE_PAIR_ADDR"
+    assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
+    if not (pairs or pair_addr):
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0")
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
@@ -1205,6 +1208,73 @@ def test_merge_states_argument_errors(cp):
         cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.float32), cp.zeros((2, 3), cp.float32))
     with pytest.raises(TypeError):
         cuda_decode.merge_states(cp.zeros((2, 2, 4), cp.int32), cp.zeros((2, 2), cp.float32))
+
+
+# --- the pair loop's addressing (KVKIT_DECODE_PAIR_ADDR, decode_core.cuh KVD_PAIR_ADDR) ------
+# NVFP4's tile-pair loop with per-lane row offsets held over the loop and both tiles' copies
+# issued together: the same loads of the same staged bytes and the same arithmetic in the same
+# order, so the same bits as the default (0), pairs on on both sides. Under KVKIT_ARCH=sm_80 /
+# sm_89 (no pair loop) both values build the same code.
+PAIR_ADDR_NAMES = ["nvfp4", "nvfp4_4over6"]
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (4, 2), (2, 4)])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_pair_addr_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                            monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_PAIR_ADDR=1 against 0, bit for bit: the tile-pair tests' lengths (a single
+    partial or full tile, odd and even tile counts, ragged ends where warps of the last tile
+    have no page, so one of a pair's copies or both are skipped), pages below, at and above
+    the 64-token tile (issue_pair's in-page offsets), a window, causal q_len > 1, 1-8 query
+    rows, 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 1)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90), (8, 1, 5)])
+def test_pair_addr_at_head_dim_64(cp, name, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 (32-byte code rows, 4-byte scale rows: the lane offsets' XOR
+    of the value row stride and the scale offsets' g / 2)."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window, seed=9 + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_pair_addr_refills_the_page_windows(cp, block_size, window, monkeypatch):
+    """Splits of 70 and 33 tiles (page-window refills between pairs; an odd last tile, whose
+    issue past the end is the single-tile issue()), bit for bit against 0."""
+    case = Case("nvfp4", head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + 5)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_pair_addr_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree: a bad page for one warp of one tile,
+    so one copy of a pair is skipped) under KVKIT_DECODE_PAIR_ADDR=1 and 0: the same flag,
+    the same outputs bit for bit."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 1, monkeypatch,
+                           "KVKIT_DECODE_PAIR_ADDR")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
+def test_pair_addr_matches_float64_at_every_split_count(cp, name, group, q_len, monkeypatch):
+    """Under KVKIT_DECODE_PAIR_ADDR=1, every split count within DECODE_GPU_RTOL of float64 and
+    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=13 + group)  # fmt: skip
+    check_against_reference(case)
 
 
 # --- tile pairs (KVKIT_DECODE_TILE_PAIRS, decode_mma_pairs.cuh) ------------------------------
