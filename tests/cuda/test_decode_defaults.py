@@ -77,7 +77,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
         "nvfp4": {"KVKIT_DECODE_NVFP4_UNPACK", "KVKIT_DECODE_NVFP4_BULK",
                   "KVKIT_DECODE_NVFP4_REV", "KVKIT_DECODE_NVFP4_SLAB_ROWS",
                   "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "KVKIT_DECODE_WARP_PIPE",
-                  "KVKIT_DECODE_TILE_PAIRS"},
+                  "KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_PAIR_ADDR"},
         "turboquant_4bit_nc": {"KVKIT_DECODE_TQ_VARIANT", "KVKIT_DECODE_TQ3",
                                "KVKIT_DECODE_TQ_SLABS", "KVKIT_DECODE_TQ_SLABS64",
                                "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
