@@ -458,9 +458,10 @@ def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all
     default build): no flag either way; the two agree bit for bit (``exact="all"``), in lse
     only with o within float32 reassociation (``"lse"``), or both within it (``"none"``); and
     the new build matches the float64 reference. Switches of _TILE_LOOP_SWITCHES run with
-    single-tile loops on both sides."""
-    if var in _TILE_LOOP_SWITCHES:
-        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0")
+    single-tile loops on both sides, the others with tile pairs wherever the kernel has them
+    (KVKIT_DECODE_TILE_PAIRS pinned: the launcher would otherwise give NVFP4's short splits
+    the single-tile build, kvkit/cuda/split_builds.py, which has tests of its own)."""
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0" if var in _TILE_LOOP_SWITCHES else "1")
     ref_o, ref_lse = case.reference()
     for num_splits in (1, 3):
         outs = []
@@ -497,8 +498,10 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     # bit for bit.
     pair_addr = var == "KVKIT_DECODE_PAIR_ADDR"
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
-    if not (pairs or pair_addr):
-        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0")
+    if not pairs:
+        # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
+        # give NVFP4's short splits the single-tile build, kvkit/cuda/split_builds.py).
+        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pair_addr else "0")
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
                 seed=seed)  # fmt: skip
