@@ -76,11 +76,7 @@
 // words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
 // branch for all row pieces; 4 = 3 with codes packed by windows where a plane's 16-bit units
 // each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
-// and 256, 4-bit at D = 64) and the exact key fallback dividing in place; 5 (see
-// kvkit/cuda/write.py) and 6 = 5 with the key cell from one fma of t by the rcp.approx of den
-// (kv_tq_cell_v6, on a cell table that covers every |t / den| the near path can see), the
-// key norm's squares fused into its sums for float16 inputs (exact squares), and the value
-// scale's division by 2^b - 1 in three instructions and a select (kv_tq_div_top).
+// and 256, 4-bit at D = 64) and the exact key fallback dividing in place.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -173,22 +169,6 @@ __device__ __forceinline__ KvTqCell kv_tq_cell(float y, const KvTqCell* __restri
 __device__ __forceinline__ uint4 kv_tq_cell_v3(float t, float ra, unsigned int tab) {
     const float u = __saturatef(__fmaf_rn(t, ra, 0.5f));
     const unsigned int cb = __float_as_uint(__fmaf_rn(u, TQ_BKT_UW, TQ_BKT_MAGIC));
-    uint4 e;
-    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
-        : "=r"(e.x), "=r"(e.y), "=r"(e.z), "=r"(e.w)
-        : "r"(tab + cb * 16u));
-    return e;
-}
-#endif
-#if TQ_VARIANT >= 6
-// Variant 6's cell of t (kvkit/formats/arch_models.py tq_near_key_index_v6, where the proof
-// is): with rs = r * TQ_BKT_SCALE (exact, a power of two) and TQ_BKT_C6 = 1.5 * 2^23 + half,
-// RN(t rs + TQ_BKT_C6) holds rint(t r scale) + half in its low bits (the product exact, one
-// rounding): one fma where variant 3 took two (the saturating one mapped [-clamp, clamp] onto
-// [0, 1]). No clamp: the launcher's table (tq_bucket_table_v6) covers |t r| <= 1 + 1 / scale,
-// and on this path (den in [2^-40, 2^40], so every element finite) |t / den| <= 1 + 2^-15.
-__device__ __forceinline__ uint4 kv_tq_cell_v6(float t, float rs, unsigned int tab) {
-    const unsigned int cb = __float_as_uint(__fmaf_rn(t, rs, TQ_BKT_C6));
     uint4 e;
     asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(e.x), "=r"(e.y), "=r"(e.z), "=r"(e.w)
@@ -572,22 +552,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
     }
 #else
     {
-#if TQ_VARIANT >= 6 && KV_IN_DTYPE == 1
-        // Variant 6, float16 inputs: x is a float16 value (11 significant bits, |x| in
-        // [2^-24, 65504] or 0), so x * x is a float32 exactly (22 bits, in [2^-48, 2^32]) and
-        // RN(acc + RN(x x)) = RN(x x + acc): each square fused into its sum (one fma), in the
-        // spec's order (arch_models.tq_norm_fused_ok; tests/formats/test_tq_near_models.py).
-        float nacc[R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            nacc[r] = __fmul_rn(x[r][0], x[r][0]);
-#pragma unroll
-            for (int j = 1; j < TQ_E; ++j) nacc[r] = __fmaf_rn(x[r][j], x[r][j], nacc[r]);
-        }
-        const float n = __fsqrt_rn(kv_vlane_sum_lanes<R>(nacc));
-#else
         const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
-#endif
 #if !(TQ_VARIANT >= 3 && TQ_SIGN_WORDS)  // else the signs are in x already (see above)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -603,17 +568,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
         // first step, in its order), so the squares need no registers of their own.
         float acc[R];
         bool done = false;  // this lane's codes and acc hold the spec's values
-#if TQ_VARIANT >= 6 && TQ_BKT
-        if (den >= KV_DIV_LO && den <= KV_DIV_HI) {  // row-uniform; no shuffle inside
-            // Near decisions, variant 6 (kvkit/formats/arch_models.py tq_near_key_index_v6,
-            // where the proof is): variant 3's below with r = rcp.approx(den) (within 2^-22 of
-            // 1 / den; the proof allows that), the cell by kv_tq_cell_v6 (one fma, no clamp)
-            // and no kv_divisor (its range test is the branch's). Everything else as variant 3.
-            float ry;
-            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(ry) : "f"(den));
-            const float rs = __fmul_rn(ry, TQ_BKT_SCALE);  // exact: a power of two
-            bool ok = true;
-#elif TQ_VARIANT >= 3 && TQ_BKT
+#if TQ_VARIANT >= 3 && TQ_BKT
         if (den != 0.0f) {
             // Near decisions, variant 3 (kvkit/formats/arch_models.py tq_near_key_index_v3,
             // where the proof is): the cell from t by kv_tq_cell_v3; d = RN(mid - t r) by one fma
@@ -626,9 +581,6 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
             const KvDivisor dv = kv_divisor(den);
             bool ok = dv.ok;
             const float ra = __fmul_rn(dv.y, TQ_BKT_UA);  // exact: a power of two
-            const float ry = dv.y;
-#endif
-#if TQ_VARIANT >= 3 && TQ_BKT
             // The table's base minus the magic's bits times 16, in a register the compiler cannot
             // see through (else it re-splits the sum into a LEA on the shared window's base and
             // an add per element).
@@ -639,12 +591,8 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #pragma unroll
                 for (int j = 0; j < TQ_E; ++j) {
                     const float t = x[r][j];
-#if TQ_VARIANT >= 6
-                    const uint4 e = kv_tq_cell_v6(t, rs, tab);
-#else
                     const uint4 e = kv_tq_cell_v3(t, ra, tab);
-#endif
-                    const float d = __fmaf_rn(-t, ry, __uint_as_float(e.x));
+                    const float d = __fmaf_rn(-t, dv.y, __uint_as_float(e.x));
                     const unsigned int code = e.y + (__float_as_uint(d) >> 31);
                     c[r] = j == 0 ? (KvTqPiece)code : c[r] + ((KvTqPiece)code << (TQ_KEY_BITS * j));
                     ok = ok && !(fabsf(d) <= TQ_NEAR_KEY);
@@ -778,24 +726,6 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
 #endif
 }
 
-#if TQ_VARIANT >= 6
-// RN(w / top), top = 2^b - 1 (the value scale's division), in three instructions and a select
-// where __fdiv_rn took about eight and a branch: q1 = RN(w y) with y = RN(1 / top) (TQ_V_RTOP,
-// from kvkit/formats/arch_models.py tq_v6_rtop), the remainder w - q1 top exactly by one fma,
-// and RN(q1 + rem y). That is RN(w / top) for every finite w (arch_models.tq_div_top_v6 and the
-// exhaustive check over every float32 significand for top = 7 and 15 in
-// tests/formats/test_tq_near_v6.py; quotients below the normal range only ever meet the
-// 1e-8 floor). An infinite w (an infinite element, or hi - lo overflowing in float32 /
-// bfloat16 rows) would give NaN (inf - inf in rem), so it is returned as w / top = w; a NaN w
-// (every element NaN) is NaN either way. w >= 0 or NaN (hi >= lo).
-__device__ __forceinline__ float kv_tq_div_top(float w) {
-    const float q1 = __fmul_rn(w, TQ_V_RTOP);
-    const float rem = __fmaf_rn(-q1, (float)TQ_V_TOP, w);
-    const float q = __fmaf_rn(rem, TQ_V_RTOP, q1);
-    return w <= 3.402823466e38f ? q : w;
-}
-#endif
-
 template <bool EVEN>
 __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
@@ -868,11 +798,7 @@ __device__ __forceinline__ void kv_tq_values(const unsigned int (&kw)[TQ_RPW][Kv
         if (vhi == 0.0f) vhi = zero;
     }
     const float top = (float)TQ_V_TOP;
-#if TQ_VARIANT >= 6
-    float scale = kv_tq_div_top(__fsub_rn(vhi, vlo));
-#else
     float scale = __fdiv_rn(__fsub_rn(vhi, vlo), top);
-#endif
     if (!(scale >= TQ_V_SCALE_FLOOR)) scale = TQ_V_SCALE_FLOOR;
     {
         // (v - lo) / scale: kv_div_by_unchecked with the row's reciprocal (v - lo is in

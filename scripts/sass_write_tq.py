@@ -46,8 +46,6 @@ RULES = [
     (r"__fsqrt_rn", r"0x727fffff", r"^@!P", True),  # sqrt: a normal operand
     (r"if \(den != 0.0f\)", r"FSETP\.NEU", r"^@!P", False),
     (r"if \(den == 0.0f\)", r"FSETP", r"^@!P", False),
-    # variant 6: the key near path's den range (in range: the fall-through)
-    (r"if \(den >= KV_DIV_LO && den <= KV_DIV_HI\)", r"FSETP", r"^@P", False),
     (r"if \(!done\)", r".", r".", True),  # the near decisions held (variant 2)
     (r"if \(dv\.ok\)", r"FSETP\.GE\.AND", r"^@!P", False),
     (r"if \(dv\.ok\)", r"FSETP\.GTU", r"^@!P", True),
@@ -76,7 +74,6 @@ RULES = [
 #: phase markers: (text of a source line, phase from that line on), searched from kv_tq_keys
 PHASES = [
     ("// ---- K ----", "widen"),
-    ("float nacc[R];", "norm"),  # variant 6, float16 inputs: the fused squares
     ("const float n = __fsqrt_rn", "norm"),
     ("const unsigned int sbits", "signs"),
     ("kv_vlane_fwht<R, TQ_E>(x);", "fwht"),

@@ -38,9 +38,7 @@ from ..formats.arch_models import (
     TQ_NEAR_VALUE,
     TQ_V5_NUDGE,
     tq_bucket_table,
-    tq_bucket_table_v6,
     tq_near_table_ok,
-    tq_v6_rtop,
 )
 from ..formats.base import cuda_float
 from .compiler import get_kernel
@@ -235,13 +233,7 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: words by IMAD with immediates. Static common path (sm_90, fp16, D = 128, scripts/
 #: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
 #: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
-#: 6 (session 15 helper, branch w15) = 5 with the key cell from one fma of t by the
-#: rcp.approx of den on a table widened to |y| <= 1 + 1 / scale (kv_tq_cell_v6,
-#: arch_models.tq_bucket_table_v6 / tq_near_key_index_v6: no clamp, no kv_divisor), the key
-#: norm's squares fused into its sums for float16 inputs (exact squares), and the value
-#: scale's division by 2^b - 1 in three fmas and a select (kv_tq_div_top,
-#: arch_models.tq_div_top_v6). benchmarks/NOTES.md "w15".
-TQ_VARIANTS = (0, 1, 2, 3, 4, 5, 6)
+TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
 #: The default for every preset: 5. Measured on the H200 (session 14; scripts/write_ab.py,
 #: kernel ms at 4M token-heads, fp16 inputs, pages order; the previous default -> 5):
 #: call 3 (--rounds 4) k8v4 1.247 -> 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales;
@@ -262,10 +254,6 @@ def tq_variant(fmt: TurboQuantFormat) -> int:
         table = tq_bucket_table(fmt.midpoints, fmt.centroids)
         if table is None or not tq_near_table_ok(table):
             return 1
-        if v >= 6:  # the widened table needs every midpoint inside (-1, 1)
-            wide = tq_bucket_table_v6(fmt.midpoints, fmt.centroids)
-            if wide is None or not tq_near_table_ok(wide):
-                return 5
     return v
 
 
@@ -289,15 +277,13 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     v = int(d["TQ_VARIANT"])
     if v >= 5:
         d["TQ_V5_NUDGE"] = cuda_float(TQ_V5_NUDGE)
-    if v >= 6:
-        d["TQ_V_RTOP"] = cuda_float(tq_v6_rtop(fmt.value_bits))
-    d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5, v >= 6))
+    d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5))
     return d
 
 
 @cache
 def _tq_bucket_defines(
-    fmt: TurboQuantFormat, inf_gaps: bool = False, imad_squares: bool = False, wide: bool = False
+    fmt: TurboQuantFormat, inf_gaps: bool = False, imad_squares: bool = False
 ) -> dict[str, str]:
     """The cell-table defines of an MSE-key format (empty without a table); cached per format,
     as the table costs host time on every write call otherwise. Callers copy, never mutate.
@@ -306,14 +292,9 @@ def _tq_bucket_defines(
     imad_squares (variant 5): the last two fields of a cell are X = bits(lo2) - base * Dl and
     Dl = bits(hi2) - bits(lo2) (uint32, mod 2^32), so the kernel's X + code * Dl is bits(lo2)
     for code = base and bits(hi2) for code = base + 1 (TQ_BKT_IMAD_SQ=1; one IMAD per key
-    element instead of a comparison and a select).
-    wide (variant 6): the table of tq_bucket_table_v6 (the same scale, cells out to
-    |y| <= 1 + 1 / scale) and TQ_BKT_C6 = 1.5 * 2^23 + half, kv_tq_cell_v6's addend."""
+    element instead of a comparison and a select)."""
     d: dict[str, str] = {}
-    table = None
-    if fmt.key_kind == "mse":
-        make = tq_bucket_table_v6 if wide else tq_bucket_table
-        table = make(fmt.midpoints, fmt.centroids)
+    table = tq_bucket_table(fmt.midpoints, fmt.centroids) if fmt.key_kind == "mse" else None
     if table is not None:
         mid = (
             np.where(np.isnan(table.mid), np.float32(np.inf), table.mid) if inf_gaps else table.mid
@@ -347,8 +328,6 @@ def _tq_bucket_defines(
         )
         if imad_squares:
             d["TQ_BKT_IMAD_SQ"] = "1"
-        if wide:
-            d["TQ_BKT_C6"] = cuda_float(np.float32(float(BKT_MAGIC) + table.half))
     return d
 
 

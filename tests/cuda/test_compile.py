@@ -317,10 +317,8 @@ def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
 # include variant 4 through 3bit_nc.
 # Variant 5 (branch tqw6: fast FP8 keys, nudged value reciprocals, float16x2 value min / max,
 # key squares by IMAD) the same way; the helper also built it for sm_86, sm_89 and sm_100a
-# (benchmarks/NOTES.md "tqw6"). Variant 6 (branch w15: one-fma key cells on the widened table,
-# fused float16 key-norm squares, the value scale's three-instruction division) likewise; the
-# helper also built it for sm_86, sm_89 and sm_100a (benchmarks/NOTES.md "w15").
-@pytest.mark.parametrize("variant", ["4", "6"])
+# (benchmarks/NOTES.md "tqw6").
+@pytest.mark.parametrize("variant", ["4"])
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120a"])
 def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=4 (window packing of 3-bit codes, the in-place exact key
@@ -347,14 +345,7 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
 @pytest.mark.parametrize(
     "arch, variant",
-    [
-        ("sm_80", "4"),
-        ("sm_90", "4"),
-        ("sm_90", "3"),
-        ("sm_80", "5"),
-        ("sm_90", "5"),
-        ("sm_90", "6"),
-    ],
+    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
 )
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=3, 4 and 5 (the default): no shuffle / vote runs under a branch that

@@ -60,7 +60,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "7")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "6")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -109,7 +109,7 @@ def test_variant_default_and_override(monkeypatch):
     assert "0x7FC00000u" not in d["TQ_BKT_TABLE"] and "TQ_BKT_UA" in d
     # Variant 4 (window packing of 3-bit codes): variant 3's table and near decisions.
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
-    assert TQ_VARIANTS == (0, 1, 2, 3, 4, 5, 6)
+    assert TQ_VARIANTS == (0, 1, 2, 3, 4, 5)
     d4 = tq_launch_defines(formats.get("turboquant_3bit_nc", 128), "1")
     assert d4["TQ_VARIANT"] == "4" and "0x7F800000u" in d4["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 4
@@ -121,17 +121,6 @@ def test_variant_default_and_override(monkeypatch):
     assert np.float32(d5["TQ_V5_NUDGE"].rstrip("f")) == np.float32(2.0**-17)
     assert "0x7F800000u" in d5["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
-    # Variant 6 (w15): the widened table (half = scale + 1 cells a side), its one-fma addend
-    # 1.5 * 2^23 + half, and RN(1 / top) for the value scale's division.
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "6")
-    for name, top, cells in (("turboquant_4bit_nc", 15, 131), ("turboquant_3bit_nc", 7, 67)):
-        d6 = tq_launch_defines(formats.get(name, 128), "1")
-        assert d6["TQ_VARIANT"] == "6" and d6["TQ_BKT_IMAD_SQ"] == "1"
-        assert d6["TQ_BKT_CELLS"] == str(cells)
-        assert np.float32(d6["TQ_BKT_C6"].rstrip("f")) == np.float32(12582912 + cells // 2)
-        assert np.float32(d6["TQ_V_RTOP"].rstrip("f")) == np.float32(1) / np.float32(top)
-    assert tq_variant(formats.get("turboquant_k8v4", 128)) == 6
-    assert "TQ_BKT_C6" not in tq_launch_defines(formats.get("turboquant_k8v4", 128), "1")
 
 
 def test_dense_variant_default_and_override(monkeypatch):
