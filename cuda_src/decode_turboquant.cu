@@ -155,12 +155,17 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif
 // -DKVKIT_DECODE_TQ_PAIRS256 (kvkit/cuda/decode.py; A/B runs): tile pairs at head_dim 256
-// too (decode_core.cuh KV_TILE_PAIRS_MAX_D), up to 4 query rows as at 128. 0 (default): none
-// at 256, the build before; 1: the 3-bit-key presets (3bit_nc, k3v4_nc); 2: 4bit_nc too. At
+// too (decode_core.cuh KV_TILE_PAIRS_MAX_D), up to 4 query rows as at 128. 0: none at 256, the
+// build before; 1: the 3-bit-key presets (3bit_nc, k3v4_nc); 2 (the default): 4bit_nc too. At
 // D = 256 a CTA has two per SM (<= 255 registers), so four stages (3bit_nc 12.7 KB each,
 // 4bit_nc 16.8 KB) fit beside the rest, and the registers hold two tiles' key and value words
-// beside the 64 accumulator floats.
-#if defined(KVKIT_DECODE_TQ_PAIRS256) && !TQ_KEY_FP8 && \
+// beside the 64 accumulator floats. Measured on the H200 (session 15, call 2; graph ms at
+// (32, 4096), Hq 32, Hkv 8, 0 -> 2, two runs each): 4bit_nc 0.1489 / 0.1497 -> 0.1320 / 0.1327,
+// 3bit_nc 0.1605 / 0.1616 -> 0.1432 / 0.1446, k3v4_nc 0.1508 / 0.1521 -> 0.1405 / 0.1419.
+#ifndef KVKIT_DECODE_TQ_PAIRS256
+#define KVKIT_DECODE_TQ_PAIRS256 2
+#endif
+#if !TQ_KEY_FP8 && \
     (KVKIT_DECODE_TQ_PAIRS256 == 2 || (KVKIT_DECODE_TQ_PAIRS256 == 1 && TQ_KEY_BITS == 3))
 #define KV_TILE_PAIRS_MAX_D 256
 #endif

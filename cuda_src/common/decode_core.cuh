@@ -201,8 +201,8 @@
 #define KVD_TILE_PAIRS                                                                 \
     (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
      KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
-// Tile pairs' lane offsets (default 0, the build before; KVKIT_DECODE_PAIR_ADDR=0 / 1,
-// kvkit/cuda/decode.py, for A/B builds): the pair loop (decode_mma_pairs.cuh) reads its key
+// Tile pairs' lane offsets (default 1; KVKIT_DECODE_PAIR_ADDR=0 / 1, kvkit/cuda/decode.py,
+// for A/B builds; 0 is the build before): the pair loop (decode_mma_pairs.cuh) reads its key
 // and value rows at per-lane byte offsets worked out once before the loop (opaque, so held
 // in registers, not rebuilt from the lane index every pair), the lane terms the family's
 // hooks would add (kv_mma_klane / kv_mma_vlane) folded in and the hooks called with c = g = 0.
@@ -211,10 +211,13 @@
 // the lane terms, per tile and per token), at the 128-register cap where the compiler did
 // not hold them: benchmarks/NOTES.md "n15". The same loads of the same bytes: the same bits.
 // Only for families that give the lane terms (KV_MMA_LANE_OFFS: NVFP4 without row gaps).
+// Measured on the H200 (session 15, call 2; NVFP4 graph ms, 0 / 0 -> 1 / 1): (64, 8192)
+// 0.2157 / 0.2149 -> 0.2084 / 0.2044, (1, 131072) 0.0638 / 0.0631 -> 0.0612 / 0.0614, (8, 8192)
+// 0.0378 / 0.0375 -> 0.0366 / 0.0364, D = 64 (32, 4096) 0.0443 / 0.0447 -> 0.0427 / 0.0422.
 #if defined(KVKIT_DECODE_PAIR_ADDR)
 #define KVD_PAIR_ADDR_ON KVKIT_DECODE_PAIR_ADDR
 #else
-#define KVD_PAIR_ADDR_ON 0
+#define KVD_PAIR_ADDR_ON 1
 #endif
 #if defined(KV_MMA_LANE_OFFS) && KVD_PAIR_ADDR_ON
 #define KVD_PAIR_ADDR KVD_TILE_PAIRS

@@ -68,19 +68,18 @@ every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp s
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
 picks NVFP4's tile copies on sm_90+ at head_dim 64 in the tensor-core launches: cp.async
 pieces / warp slabs with warp pipes, value rows with a row's gap per 4 rows / the same,
-unpadded (the default); same bits (A/B runs). At head_dim 256 (A/B runs, both default ``0``,
-the build before): ``KVKIT_DECODE_TQ_TOKEN_ORDER=1`` / ``2`` takes a warp's 16 staged tokens
-in a bank-friendly order (fewer shared-memory wavefronts of the key and value loads of the
-unpadded slots; decode_turboquant.cu) for turboquant_3bit_nc / for turboquant_4bit_nc too
-(k3v4_nc keeps the order), and ``KVKIT_DECODE_TQ_PAIRS256=1`` / ``2`` the warp pipes' tile
-pairs (as ``KVKIT_DECODE_TILE_PAIRS``, G * q_len <= 4) for the 3-bit-key presets
-(turboquant_3bit_nc, turboquant_k3v4_nc) / for turboquant_4bit_nc too; float32 rounding
+unpadded (the default); same bits (A/B runs). At head_dim 256 (A/B runs):
+``KVKIT_DECODE_TQ_TOKEN_ORDER=1`` / ``2`` takes a warp's 16 staged tokens in a bank-friendly
+order (fewer shared-memory wavefronts of the key and value loads of the unpadded slots;
+decode_turboquant.cu) for turboquant_3bit_nc / for turboquant_4bit_nc too (k3v4_nc keeps the
+order; default ``0``, none), and ``KVKIT_DECODE_TQ_PAIRS256=0`` / ``1`` / ``2`` the warp
+pipes' tile pairs (as ``KVKIT_DECODE_TILE_PAIRS``, G * q_len <= 4) for none / the 3-bit-key
+presets (turboquant_3bit_nc, turboquant_k3v4_nc) / all three (the default); float32 rounding
 apart, the same attention (which lane sums which token, another softmax order).
-``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how
-NVFP4's tile-pair loop (sm_90 / sm_100, head_dim 64 and 128) addresses its tiles: as before
-(the default) / per-lane row offsets worked out once before the loop and both tiles' copies
-issued together (one proxy fence, shared stage and destination arithmetic); the same loads
-of the same bytes, so the same bits (A/B runs).
+``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how NVFP4's tile-pair loop (sm_90 / sm_100, head_dim
+64 and 128) addresses its tiles: as before / per-lane row offsets worked out once before the
+loop and both tiles' copies issued together (the default: one proxy fence, shared stage and
+destination arithmetic); the same loads of the same bytes, so the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -360,11 +359,11 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_TILE_PAIRS", ("0", "1"), ("nvfp4", "turboquant")),
     # TurboQuant at head_dim 256: the warp's tokens in a bank-friendly order (decode_turboquant.cu
     # KV_MMA_TOKEN_A; 0 none, the default, 1 3bit_nc, 2 4bit_nc too) and tile pairs
-    # (KV_TILE_PAIRS_MAX_D; 0 none, the default, 1 the 3-bit-key presets, 2 4bit_nc too).
+    # (KV_TILE_PAIRS_MAX_D; 0 none, 1 the 3-bit-key presets, 2 4bit_nc too, the default).
     ("KVKIT_DECODE_TQ_TOKEN_ORDER", ("0", "1", "2"), ("turboquant",)),
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
     # NVFP4's tile-pair loop: its row addresses from per-lane offsets held over the loop and
-    # both tiles' copies issued together (1), or as before (0, the default) (decode_core.cuh
+    # both tiles' copies issued together (1, the default), or as before (0) (decode_core.cuh
     # KVD_PAIR_ADDR).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh

@@ -1367,11 +1367,12 @@ _SPLIT_LENGTH_SWITCH = {
 
 @pytest.mark.parametrize("name", sorted(_SPLIT_LENGTH_SWITCH))
 def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
-    """Sequence 0 spans 281 pages of 16 tokens: 71 tiles in 1 split, 18 in 4, 15 in 5. NVFP4
-    launches its single-tile build for splits of < 16 tiles and k8v4 its warp-slab build for
-    splits of >= 64 (where the default build's loop flags allow: sm_90 / sm_100). The kernel
-    launched is that build's, and its results equal the build the environment switch forces,
-    bit for bit, and float64 within DECODE_GPU_RTOL."""
+    """Sequence 0 spans 281 pages of 16 tokens (71 tiles in 1 split). At three split counts,
+    one split, the most splits whose longest split reaches NVFP4_PAIRS_MIN_TILES and the
+    fewest below it: NVFP4 launches its single-tile build below the threshold and k8v4 its
+    warp-slab build from K8V4_SLABS_MIN_TILES (where the default build's loop flags allow:
+    sm_90 / sm_100). The kernel launched is that build's, and its results equal the build
+    the environment switch forces, bit for bit, and float64 within DECODE_GPU_RTOL."""
     from kvkit.cuda import decode as cuda_decode
     from kvkit.cuda import split_builds as sb
 
@@ -1384,10 +1385,16 @@ def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
     in_define, _ = cuda_decode._Q_DTYPES[case.q_dtype]
     _, _, _, tile, loop = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1)
     max_tokens = case.block_tables.shape[1] * 16
+
+    def tiles(num_splits):
+        return sb.split_tiles(max_tokens, 16, num_splits, tile)
+
+    short = min(s for s in range(1, 300) if tiles(s) < sb.NVFP4_PAIRS_MIN_TILES)
+    assert tiles(1) >= sb.K8V4_SLABS_MIN_TILES and tiles(short - 1) >= sb.NVFP4_PAIRS_MIN_TILES
     ref_o, ref_lse = case.reference()
     fired = []
-    for num_splits in (1, 4, 5):
-        auto = sb.split_length_switches(fmt, loop, sb.split_tiles(max_tokens, 16, num_splits, tile))
+    for num_splits in (1, short - 1, short):
+        auto = sb.split_length_switches(fmt, loop, tiles(num_splits))
         assert auto in ((), ((var, picked),))
         fired.append(bool(auto))
         want = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1, auto)[0]
@@ -1402,23 +1409,24 @@ def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
         assert rel_error(o, ref_o) <= DECODE_GPU_RTOL
         assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL
     if name == "nvfp4" and loop & sb.LOOP_TILE_PAIRS:
-        assert fired == [False, False, True]  # 71, 18, 15 tiles
+        assert fired == [False, False, True]
     if name == "turboquant_k8v4" and loop & sb.LOOP_BULK_COPY:
         assert fired == [True, False, False]
 
 
 @pytest.mark.parametrize("name, head_dim, group, q_len, pages", [
     (name, *shape) for name in ("nvfp4", "turboquant_4bit_nc")
-    for shape in ((128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"),
-                  (256, 4, 1, "hnd16"))
-] + [("turboquant_4bit_nc", 128, 8, 1, "hnd16"),
-       ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
+    for shape in ((128, 4, 1, "nhd32"), (128, 16, 1, "hnd16"), (128, 8, 2, "hnd64"))
+] + [("nvfp4", 256, 4, 1, "hnd16"),
+     ("turboquant_4bit_nc", 256, 8, 1, "hnd16"),
+     ("turboquant_4bit_nc", 128, 8, 1, "hnd16"),
+     ("turboquant_3bit_nc", 128, 2, 4, "hnd64")])  # fmt: skip
 def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len, pages,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
     token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
-    stages), 16 query rows, head_dim 256 and TurboQuant above 4 rows at head_dim 128
-    (KV_TILE_PAIRS_ROWS: no pair build)."""
+    stages), 16 query rows, NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 128
+    and 256 (KV_TILE_PAIRS_ROWS: no pair build)."""
     block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
