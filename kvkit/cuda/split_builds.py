@@ -31,24 +31,30 @@ LOOP_TILE_PAIRS = 1
 LOOP_BULK_COPY = 2
 LOOP_WARP_SLABS = 4
 
-#: NVFP4's tile-pair loop at head_dim >= 128 needs at least this many tiles per split to beat
-#: the single-tile loop (a pair waits for both its tiles before its first score, and its
-#: prologue fills 2 of 4 stages). Measured on the H200 (session 15, call 1; graph ms, pairs
-#: on -> off, two runs each): 4 tiles per split (1, 16384) 0.0174 -> 0.0157 (-10%); 8 tiles
-#: (1, 32768) 0.0237 / 0.0240 -> 0.0230 / 0.0231, (4, 8192) -3.5%, (8, 4096) -3.5 / -4%;
-#: 12 tiles (1, 49152) 0.0308 -> 0.0304, (8, 6144) -0.7%; 16 tiles (1, 65536) 0.0370 / 0.0369
-#: -> 0.0374 / 0.0374 (+1.1%), (8, 8192) +1.6 / +1.9%; 31-128 tiles pairs win 4-7%. At head_dim
-#: 64 pairs win at every length (8 tiles: (1, 32768) 0.0170 -> 0.0201, +18%): no rule there.
-#: TurboQuant's pairs won at every length (-7 to -11%, 8 tiles included): no rule for them.
-NVFP4_PAIRS_MIN_TILES = 16
+#: NVFP4's tile-pair loop at head_dim 128 needs at least this many tiles per split to beat the
+#: single-tile loop (a pair waits for both its tiles before its first score, and its prologue
+#: fills 2 of 4 stages). Measured on the H200, graph ms, pairs on -> off, two runs each:
+#: - session 15 call 1 (pair addresses off): 4 tiles (1, 16384) 0.0174 -> 0.0157 (-10%);
+#:   8 tiles (1, 32768) 0.0237 / 0.0240 -> 0.0230 / 0.0231, (4, 8192) -3.5%, (8, 4096) -3.5 /
+#:   -4%; 12 tiles (1, 49152) 0.0308 -> 0.0304; 16 tiles (1, 65536) +1.1%, (8, 8192) +1.6%.
+#: - call 4, with pair addresses (KVKIT_DECODE_PAIR_ADDR, the default), which made the pairs
+#:   3.5-5% faster: 4 tiles -8%; 8 tiles (1, 32768) 0.0236 / 0.0234 -> 0.0233 / 0.0231,
+#:   (4, 8192) -1.7 / -0.4%; 12 tiles (1, 49152) 0.0300 / 0.0300 -> 0.0306 / 0.0304 (+1.3 to
+#:   +2%), (8, 6144) +1.3%; 16 tiles +4%. The crossover lies between 8 and 12.
+#: At head_dim 64 pairs win at every length (8 tiles: (1, 32768) 0.0170 -> 0.0201 with pairs
+#: off, +18%), and other head_dims were not measured: no rule there. TurboQuant's pairs won at
+#: every length (-7 to -11%, 8 tiles included): no rule for them.
+NVFP4_PAIRS_MIN_TILES = 10
 
-#: turboquant_k8v4 at head_dim >= 128 copies whole pages by default; its warp-slab build
+#: turboquant_k8v4 at head_dim 128 copies whole pages by default; its warp-slab build
 #: (KVKIT_DECODE_TQ_SLABS=1, with warp pipes where the target has bulk copies) needs at least
 #: this many tiles per split. Measured on the H200 (session 15, call 1; graph ms, page runs ->
 #: slabs, two runs each): 128 tiles (64, 8192) 0.2363 / 0.2300 -> 0.2282 / 0.2287; 64 tiles
 #: (32, 8192) 0.1203 / 0.1207 -> 0.1208 / 0.1206 and Hq = 128 (32, 4096) 0.1024 / 0.1021 ->
 #: 0.0948 / 0.0955; 32 tiles (16, 8192) +3%, (32, 4096) +1.5 / +2%, (1, 131072) +1.2 / +2%;
-#: 16 tiles (8, 8192) +3.5%. Session 14's call 2 saw the same split.
+#: 16 tiles (8, 8192) +3.5%. Session 14's call 2 saw the same split. Not at head_dim 256: the
+#: first rule took slabs there too, and (32, 4096) (64 tiles) measured 0.1195 in call 4's
+#: benchmark against 0.1122 for page runs in session 14's.
 K8V4_SLABS_MIN_TILES = 64
 
 
@@ -83,14 +89,14 @@ def split_length_switches(fmt, loop: int, tiles: int) -> tuple[tuple[str, str], 
     """
     if (
         fmt.family == "nvfp4"
-        and fmt.head_dim >= 128
+        and fmt.head_dim == 128
         and loop & LOOP_TILE_PAIRS
         and tiles < NVFP4_PAIRS_MIN_TILES
     ):
         return (("KVKIT_DECODE_TILE_PAIRS", "0"),)
     if (
         fmt.name == "turboquant_k8v4"
-        and fmt.head_dim >= 128
+        and fmt.head_dim == 128
         and loop & LOOP_BULK_COPY
         and not loop & LOOP_WARP_SLABS
         and tiles >= K8V4_SLABS_MIN_TILES
