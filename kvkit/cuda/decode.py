@@ -54,7 +54,7 @@ online-softmax update over a warp's 32 tokens, 4 stages; sm_90 and sm_100, G * q
 (TurboQuant: 4 at head_dim 128), head_dim <= 128); ``KVKIT_DECODE_TILE_PAIRS=0`` (A/B runs)
 takes one (float32 operations in another order, so not the same bits). Where such a switch
 is unset, the launcher may launch another build of stage 1 by the length of the step's splits
-(``kvkit.cuda.split_builds``: NVFP4 splits of < 10 tiles without pairs, turboquant_k8v4
+(``kvkit.cuda.split_builds``: NVFP4 splits of < 12 tiles without pairs, turboquant_k8v4
 splits of >= 64 tiles with warp slabs, both at head_dim 128); a switch set in the
 environment wins. On sm_90+ stage 2 is launched with programmatic stream serialization
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);

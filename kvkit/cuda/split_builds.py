@@ -40,11 +40,16 @@ LOOP_WARP_SLABS = 4
 #: - call 4, with pair addresses (KVKIT_DECODE_PAIR_ADDR, the default), which made the pairs
 #:   3.5-5% faster: 4 tiles -8%; 8 tiles (1, 32768) 0.0236 / 0.0234 -> 0.0233 / 0.0231,
 #:   (4, 8192) -1.7 / -0.4%; 12 tiles (1, 49152) 0.0300 / 0.0300 -> 0.0306 / 0.0304 (+1.3 to
-#:   +2%), (8, 6144) +1.3%; 16 tiles +4%. The crossover lies between 8 and 12.
+#:   +2%), (8, 6144) +1.3%; 16 tiles +4%.
+#: - call 5, the same way: 9 tiles (1, 36864) 0.0268 / 0.0268 -> 0.0247 / 0.0247; 10 tiles
+#:   (1, 40960), (4, 10240), (8, 5120) within +-1.5%; 11 tiles (1, 45056) 0.0308 / 0.0306 ->
+#:   0.0287 / 0.0286. An odd count ends in one single tile inside the pair build (its slower
+#:   single-tile loop, NOTES session 14 call 6), which costs most where there are few tiles;
+#:   13 and 15 were not measured (31, odd, won 4%).
 #: At head_dim 64 pairs win at every length (8 tiles: (1, 32768) 0.0170 -> 0.0201 with pairs
 #: off, +18%), and other head_dims were not measured: no rule there. TurboQuant's pairs won at
 #: every length (-7 to -11%, 8 tiles included): no rule for them.
-NVFP4_PAIRS_MIN_TILES = 10
+NVFP4_PAIRS_MIN_TILES = 12
 
 #: turboquant_k8v4 at head_dim 128 copies whole pages by default; its warp-slab build
 #: (KVKIT_DECODE_TQ_SLABS=1, with warp pipes where the target has bulk copies) needs at least
