@@ -423,14 +423,30 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 #define KV_MMA_VRAW (KV_HEAD_DIM <= 128 ? 2 : (KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 32)
 #endif
 static_assert(TQ_VALUE_OFFSET % 2 == 0, "value codes start 2-byte aligned in the slot");
-__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
-                                             unsigned* raw) {
+// The byte offset of lane group g's first value-code unit after TQ_VALUE_OFFSET (word mode:
+// the 2-byte unit at or below the run). kv_mma_vload adds it; LANED (the tile pairs' lane
+// offsets, decode_core.cuh KVD_PAIR_ADDR) finds it in rows[0] already, and takes g only for
+// the word mode's byte-permute selector.
+__device__ __forceinline__ int kv_tq_vlane(int g) {
+    constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;
+#if KV_TQ_V_WORD
+    (void)VB;
+    return 3 * g - (g & 1);
+#else
+    return (VB / 8) * g;
+#endif
+}
+template <bool LANED = false>
+__device__ __forceinline__ void kv_mma_vload_t(const unsigned char* const* rows, int g,
+                                               unsigned* raw) {
     constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+    const int vl = LANED ? 0 : kv_tq_vlane(g);
+    (void)vl;
 #if KV_TQ_V_HALVES
     // Even byte offsets (slots and staged rows are 2-byte aligned): one 2-byte load per
     // register, bits 16 i .. 16 i + 15 of the run in raw[i] (high half zero).
     const unsigned short* q = reinterpret_cast<const unsigned short*>(
-        rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g);
+        rows[0] + TQ_VALUE_OFFSET + vl);
 #pragma unroll
     for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
 #elif KV_TQ_V_WORD
@@ -440,7 +456,7 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     // permute whose selector depends on g only (loop-invariant): run bit 0 at bit 0, and
     // bits 24..31 whatever follows (no code is read there).
     const unsigned short* q = reinterpret_cast<const unsigned short*>(
-        rows[0] + TQ_VALUE_OFFSET + 3 * g - (g & 1));
+        rows[0] + TQ_VALUE_OFFSET + vl);
     raw[0] = __byte_perm(q[0], q[1], (g & 1) ? 0x6541u : 0x5410u);
     static_assert(VB == 24, "the word mode is the 24-bit run of D = 64");
 #elif KV_HEAD_DIM == 256
@@ -449,14 +465,15 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     // 4 bytes where 2-byte loads would take two). The word past the run stays in the slot
     // (the value scale and zero follow the codes).
     static_assert(VB % 32 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
-    kv_tq_load_words<KV_MMA_VRAW>(rows[0] + TQ_VALUE_OFFSET + (VB / 8) * g, raw);
+    kv_tq_load_words<KV_MMA_VRAW>(rows[0] + TQ_VALUE_OFFSET + vl, raw);
 #else
     static_assert(VB <= 64, "one lane's codes fit 64 bits");
+    static_assert(!LANED || VB % 16 == 0, "lane offsets: runs of whole 2-byte units");
     const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
     unsigned long long x = 0ull;
     if constexpr (VB % 16 == 0) {
         // Even byte offsets (slots and staged rows are 2-byte aligned): 2-byte loads.
-        const unsigned short* q = reinterpret_cast<const unsigned short*>(p + (VB / 8) * g);
+        const unsigned short* q = reinterpret_cast<const unsigned short*>(p + vl);
 #pragma unroll
         for (int i = 0; i < VB / 16; ++i) x |= (unsigned long long)q[i] << (16 * i);
     } else {
@@ -473,6 +490,27 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     raw[1] = (unsigned)(x >> 32);
 #endif
 }
+__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
+                                             unsigned* raw) {
+    kv_mma_vload_t<false>(rows, g, raw);
+}
+#if !TQ_KEY_FP8
+// Tile pairs' lane offsets (decode_core.cuh KVD_PAIR_ADDR, decode_mma_pairs.cuh): the codebook
+// presets' slot row holds the key codes, the key norm, the value codes and the value scale and
+// zero, so the pair loop holds three per-lane offsets into it (the score token's row, that row
+// plus kv_mma_klane, the PV token's row plus kv_mma_vlane) and reads through kv_mma_kload with
+// c = 0 and kv_mma_vload_at. FP8 keys (k8v4) keep the build before. Default off
+// (KV_PAIR_ADDR_DEFAULT 0; KVKIT_DECODE_PAIR_ADDR=1 turns it on) until measured.
+#define KV_MMA_LANE_OFFS 1
+#define KV_MMA_LANE_SLOT 1
+#define KV_PAIR_ADDR_DEFAULT 0
+__device__ __forceinline__ int kv_mma_klane(int, int c) { return KV_TQ_RUN_BYTES * c; }
+__device__ __forceinline__ int kv_mma_vlane(int, int g) { return kv_tq_vlane(g); }
+__device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows, int g,
+                                                unsigned* raw) {
+    kv_mma_vload_t<true>(rows, g, raw);
+}
+#endif
 #if KV_TQ_V_HALVES || KV_TQ_V_WORD
 // 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits
 // t .. t + 15 of token a in its low half and of token b in its high half. Halves: one byte

@@ -210,14 +210,20 @@
 // instructions per pair on those addresses (the token order kv_mma_tok, the row strides and
 // the lane terms, per tile and per token), at the 128-register cap where the compiler did
 // not hold them: benchmarks/NOTES.md "n15". The same loads of the same bytes: the same bits.
-// Only for families that give the lane terms (KV_MMA_LANE_OFFS: NVFP4 without row gaps).
+// Only for families that give the lane terms (KV_MMA_LANE_OFFS: NVFP4 without row gaps; the
+// TurboQuant codebook-key presets, whose one slot row holds keys, norm, values, scale, zero).
 // Measured on the H200 (session 15, call 2; NVFP4 graph ms, 0 / 0 -> 1 / 1): (64, 8192)
 // 0.2157 / 0.2149 -> 0.2084 / 0.2044, (1, 131072) 0.0638 / 0.0631 -> 0.0612 / 0.0614, (8, 8192)
 // 0.0378 / 0.0375 -> 0.0366 / 0.0364, D = 64 (32, 4096) 0.0443 / 0.0447 -> 0.0427 / 0.0422.
+// The default is the family's (KV_PAIR_ADDR_DEFAULT, 1 unless it says otherwise): TurboQuant's
+// lane offsets (decode_turboquant.cu, benchmarks/NOTES.md "pa15") are 0 until measured.
+#ifndef KV_PAIR_ADDR_DEFAULT
+#define KV_PAIR_ADDR_DEFAULT 1
+#endif
 #if defined(KVKIT_DECODE_PAIR_ADDR)
 #define KVD_PAIR_ADDR_ON KVKIT_DECODE_PAIR_ADDR
 #else
-#define KVD_PAIR_ADDR_ON 1
+#define KVD_PAIR_ADDR_ON KV_PAIR_ADDR_DEFAULT
 #endif
 #if defined(KV_MMA_LANE_OFFS) && KVD_PAIR_ADDR_ON
 #define KVD_PAIR_ADDR KVD_TILE_PAIRS

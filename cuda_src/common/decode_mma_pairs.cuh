@@ -29,7 +29,41 @@ static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIREC
 static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
-#if KVD_PAIR_ADDR
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+    // Lane offsets of one-row slots (decode_core.cuh KVD_PAIR_ADDR; TurboQuant's codebook
+    // presets, KV_MMA_LANE_SLOT): the one plane's row holds everything a lane reads, so three
+    // byte offsets in a stage, worked out once and held (opaque copies): lkb, the score token
+    // kv_mma_tok(g)'s row (its key factor, and the PV step's value scale and zero); lkl, that
+    // row plus the key lane term kv_mma_klane (the code run kv_mma_kload reads with c = 0);
+    // lvl, the PV token kv_mma_tok(2 c)'s row plus the value lane term kv_mma_vlane (what
+    // kv_mma_vload_at reads). The other tokens are whole rows on, constants: tok(i) of the form
+    // a(c) + B e + K f (i = 2 c + e + 8 f; decode_mma.cuh KV_MMA_TOKEN_A, or tokens in order:
+    // B = 1, K = 8), so tok(g + 8) = tok(g) + K and tok(2 c + e + 8 f) = tok(2 c) + B e + K f.
+    static_assert(KV_NPLANES == 1 && kvd::GP0 == 0, "slot lane offsets: one plane, no gaps");
+    static_assert(KV_HAS_KMUL && KV_MMA_VCODES, "slot lane offsets: TurboQuant's hooks' rows");
+    static_assert(!KV_MMA_TOKEN_SWAP, "slot lane offsets: a token order linear in e, f");
+    constexpr int SR0 = KV_P0_BYTES % 16 == 0 ? kvd::WP0 : KV_P0_BYTES;
+#if defined(KV_MMA_TOKEN_A)
+    constexpr int TB = KV_MMA_TOKEN_B, TK = KV_MMA_TOKEN_K;
+#else
+    constexpr int TB = 1, TK = 8;
+#endif
+    // lkb is held halved (rows 2-byte aligned, TQ_SLOT_BYTES even): s + 2 lkb tells the
+    // compiler so, and the 2-byte fields (key norm, value scale and zero, read bytewise by
+    // kv_dc_f16_at) stay one 2-byte load each (an opaque lkb took two byte loads and a PRMT:
+    // +24 per pair); the doubling folds into the address add (LEA).
+    static_assert(SR0 % 2 == 0, "slot lane offsets: 2-byte aligned rows");
+    unsigned lkb, lkl, lvl;
+    {
+        const int tk = tw0 + kv_mma_tok(g);
+        const int tv = tw0 + kv_mma_tok(2 * c);
+        asm volatile("mov.b32 %0, %3;\n\tmov.b32 %1, %4;\n\tmov.b32 %2, %5;"
+                     : "=r"(lkb), "=r"(lkl), "=r"(lvl)
+                     : "r"(tk * (SR0 / 2)), "r"(tk * SR0 + kv_mma_klane(0, c)),
+                       "r"(tv * SR0 + kv_mma_vlane(0, g)));
+    }
+    constexpr int LC = 0;  // the key lane term is in lkl: the hook's c
+#elif KVD_PAIR_ADDR
     // Lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets in their plane's region
     // of a stage of the rows the hooks read, their lane terms (kv_mma_klane / kv_mma_vlane)
     // included, for the score token kv_mma_tok(g) (codes lk0, scales lk1; token g + 8 is 8
@@ -82,13 +116,23 @@ if (pipe.slabs) {
         int t0[2];
         int n_tile[2];
         const unsigned char* kr[2][2][4];  // [h][tt][plane]: score tokens g, g + 8
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+        const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             whp[h] = pipe.warp_has_page_at(h);
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
             const unsigned char* s = pipe.stage(ia + h);
-#if KVD_PAIR_ADDR
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+#pragma unroll
+            for (int tt = 0; tt < 2; ++tt) {
+                kr[h][tt][0] = s + 2 * lkb + tt * TK * SR0;  // (the key factor's row)
+                kl[h][tt] = s + lkl + tt * TK * SR0;     // (the code run, lane term in)
+                kr[h][tt][1] = kr[h][tt][2] = kr[h][tt][3] = s;  // (not read: one plane)
+            }
+#elif KVD_PAIR_ADDR
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 kr[h][tt][0] = s + lk0 + tt * 8 * SR0;
@@ -117,8 +161,13 @@ if (pipe.slabs) {
         float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+            kv_mma_kload(&kl[h][0], LC, kraw[h][0]);
+            kv_mma_kload(&kl[h][1], LC, kraw[h][1]);
+#else
             kv_mma_kload(kr[h][0], LC, kraw[h][0]);
             kv_mma_kload(kr[h][1], LC, kraw[h][1]);
+#endif
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
 #if KV_HAS_KMUL
@@ -250,8 +299,16 @@ if (pipe.slabs) {
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const unsigned char* s = pipe.stage(io + h);
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    kv[h][tt][0] = s + 2 * lkb + tt * TK * SR0;
+                    kv[h][tt][1] = kv[h][tt][2] = kv[h][tt][3] = s;  // (not read: one plane)
+                }
+#else
                 pipe.rows_slabs(s, tw0 + kv_mma_tok(g), kv[h][0]);
                 pipe.rows_slabs(s, tw0 + kv_mma_tok(g + 8), kv[h][1]);
+#endif
             }
         }
 #pragma unroll
@@ -318,7 +375,11 @@ if (pipe.slabs) {
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];
-#if KVD_PAIR_ADDR
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+                rv[0] = s + lvl + ((k & 1) * TB + (k >> 1) * TK) * SR0;
+                rv[1] = rv[2] = rv[3] = s;  // (not read: one plane)
+                kv_mma_vload_at(rv, g, vraw[h][k]);
+#elif KVD_PAIR_ADDR
                 rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
                 rv[2] = s + kvd::SO2 + ((k & 1) ? lv2 ^ SR2 : lv2) + (k >> 1) * 8 * SR2;
                 rv[3] = s + kvd::SO3 + ((k & 1) ? lv3 ^ SR3 : lv3) + (k >> 1) * 8 * SR3;

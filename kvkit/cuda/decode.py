@@ -76,10 +76,13 @@ order; default ``0``, none), and ``KVKIT_DECODE_TQ_PAIRS256=0`` / ``1`` / ``2`` 
 pipes' tile pairs (as ``KVKIT_DECODE_TILE_PAIRS``, G * q_len <= 4) for none / the 3-bit-key
 presets (turboquant_3bit_nc, turboquant_k3v4_nc) / all three (the default); float32 rounding
 apart, the same attention (which lane sums which token, another softmax order).
-``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how NVFP4's tile-pair loop (sm_90 / sm_100, head_dim
-64 and 128) addresses its tiles: as before / per-lane row offsets worked out once before the
-loop and both tiles' copies issued together (the default: one proxy fence, shared stage and
-destination arithmetic); the same loads of the same bytes, so the same bits (A/B runs).
+``KVKIT_DECODE_PAIR_ADDR=0`` / ``1`` picks how the tile-pair loop (sm_90 / sm_100) of NVFP4
+(head_dim 64 and 128) and of TurboQuant's codebook presets (turboquant_4bit_nc, _3bit_nc,
+_k3v4_nc; head_dim 64, 128 and 256) addresses its tiles: as before / per-lane row offsets
+worked out once before the loop and both tiles' copies issued together (one proxy fence,
+shared stage and destination arithmetic); the same loads of the same bytes, so the same bits
+(A/B runs). Unset, each family's default: 1 for NVFP4, 0 (the build before) for TurboQuant
+until measured.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -362,10 +365,11 @@ _FAMILY_SWITCHES = (
     # (KV_TILE_PAIRS_MAX_D; 0 none, 1 the 3-bit-key presets, 2 4bit_nc too, the default).
     ("KVKIT_DECODE_TQ_TOKEN_ORDER", ("0", "1", "2"), ("turboquant",)),
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
-    # NVFP4's tile-pair loop: its row addresses from per-lane offsets held over the loop and
-    # both tiles' copies issued together (1, the default), or as before (0) (decode_core.cuh
-    # KVD_PAIR_ADDR).
-    ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4",)),
+    # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
+    # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);
+    # unset, the family's default: 1 for NVFP4, 0 for TurboQuant's codebook presets
+    # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT; not yet measured there).
+    ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4", "turboquant")),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

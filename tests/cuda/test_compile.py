@@ -207,7 +207,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows); "-pairaddr1": NVFP4's tile-pair loop
     # with per-lane row offsets held and both tiles' copies issued together
     # (KVKIT_DECODE_PAIR_ADDR=1, for A/B runs; also at 8 x 1, 2 x 4, 4 x 2 and 16 x 1 at
-    # head_dim 128 and 8 x 1 at 64).
+    # head_dim 128 and 8 x 1 at 64), and the same for TurboQuant's codebook presets (where
+    # the default is still 0).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -232,7 +233,8 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
                  "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs0",
                  "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr1",
-                 "nvfp4_4over6-pairaddr1"):  # fmt: skip
+                 "nvfp4_4over6-pairaddr1", "turboquant_4bit_nc-pairaddr1",
+                 "turboquant_3bit_nc-pairaddr1", "turboquant_k3v4_nc-pairaddr1"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),

@@ -1280,6 +1280,79 @@ def test_pair_addr_matches_float64_at_every_split_count(cp, name, group, q_len, 
     check_against_reference(case)
 
 
+# TurboQuant's codebook presets under the same switch (decode_mma_pairs.cuh KV_MMA_LANE_SLOT:
+# three lane offsets into the one slot row, halved key-row offset; default 0 there): 1 against
+# 0 bit for bit, pairs on on both sides, at head_dim 64 (8 rows), 128 and 256 (4 rows; more
+# rows build the same code under both values).
+TQ_PAIR_ADDR_NAMES = ["turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"]
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (1, 4), (8, 1)])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_tq_pair_addr_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                               monkeypatch):  # fmt: skip
+    """TurboQuant, KVKIT_DECODE_PAIR_ADDR=1 against 0 at head_dim 128, bit for bit: the
+    tile-pair tests' lengths (partial and odd last tiles, warps without a page in the last
+    tile), pages below, at and above the tile, a window, causal q_len 4, 1 and 3 splits
+    (8 x 1 has no pairs at 128: the same code both ways); within DECODE_GPU_RTOL of float64."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 2)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len, window",
+                         [(64, 4, 1, None), (64, 8, 1, 5), (64, 4, 2, 90), (256, 4, 1, None),
+                          (256, 2, 2, 70), (256, 1, 1, None)])  # fmt: skip
+def test_tq_pair_addr_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window,
+                                              monkeypatch):  # fmt: skip
+    """The same at head_dim 64 (70- / 62-byte slots; the 3-bit values' word mode, whose
+    byte-permute selector still takes the lane group) and 256 (whole value words)."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=head_dim + group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_tq_pair_addr_refills_the_page_windows(cp, name, block_size, monkeypatch):
+    """TurboQuant splits of 70 and 33 tiles (page-window refills between pairs; an odd last
+    tile), with and without a window, bit for bit against 0."""
+    for window in (None, 2500):
+        case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                    seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                    seed=block_size + 7)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_ADDR", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq_pair_addr_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """TurboQuant with bad block-table entries (assert_bad_pages_agree) under
+    KVKIT_DECODE_PAIR_ADDR=1 and 0: the same flag, the same outputs bit for bit."""
+    assert_bad_pages_agree(name, block_size, block_size + 2, monkeypatch,
+                           "KVKIT_DECODE_PAIR_ADDR")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (128, 1, 4), (64, 8, 1),
+                                                    (256, 2, 2)])  # fmt: skip
+def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
+                                                           monkeypatch):  # fmt: skip
+    """TurboQuant under KVKIT_DECODE_PAIR_ADDR=1: every split count within DECODE_GPU_RTOL of
+    float64 and within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=17 + group + head_dim)  # fmt: skip
+    check_against_reference(case)
+
+
 # --- tile pairs (KVKIT_DECODE_TILE_PAIRS, decode_mma_pairs.cuh) ------------------------------
 # The warp pipes' slab launches (sm_90+ but sm_120, G * q_len <= 8, head_dim <= 128) take two
 # tiles per loop iteration: one softmax step per 32 tokens of a warp and one fresh PV
