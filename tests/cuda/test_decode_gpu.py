@@ -1288,15 +1288,15 @@ TQ_PAIR_ADDR_NAMES = ["turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3
 
 
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (1, 4), (8, 1)])
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (1, 4)])
 @pytest.mark.parametrize("block_size", [16, 64, 128])
 @pytest.mark.parametrize("window", [None, 70])
 def test_tq_pair_addr_matches_the_build_before(cp, name, group, q_len, block_size, window,
                                                monkeypatch):  # fmt: skip
     """TurboQuant, KVKIT_DECODE_PAIR_ADDR=1 against 0 at head_dim 128, bit for bit: the
     tile-pair tests' lengths (partial and odd last tiles, warps without a page in the last
-    tile), pages below, at and above the tile, a window, causal q_len 4, 1 and 3 splits
-    (8 x 1 has no pairs at 128: the same code both ways); within DECODE_GPU_RTOL of float64."""
+    tile), pages below, at and above the tile, a window, causal q_len 4, 1 and 3 splits;
+    within DECODE_GPU_RTOL of float64."""
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
                 seed=block_size + 3 * group + q_len + 2)  # fmt: skip
@@ -1305,8 +1305,7 @@ def test_tq_pair_addr_matches_the_build_before(cp, name, group, q_len, block_siz
 
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
 @pytest.mark.parametrize("head_dim, group, q_len, window",
-                         [(64, 4, 1, None), (64, 8, 1, 5), (64, 4, 2, 90), (256, 4, 1, None),
-                          (256, 2, 2, 70), (256, 1, 1, None)])  # fmt: skip
+                         [(64, 4, 1, None), (64, 8, 1, 5), (256, 2, 2, 70)])  # fmt: skip
 def test_tq_pair_addr_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window,
                                               monkeypatch):  # fmt: skip
     """The same at head_dim 64 (70- / 62-byte slots; the 3-bit values' word mode, whose
@@ -1339,8 +1338,7 @@ def test_tq_pair_addr_flags_bad_pages_as_before(cp, name, block_size, monkeypatc
 
 
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (128, 1, 4), (64, 8, 1),
-                                                    (256, 2, 2)])  # fmt: skip
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2)])
 def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
                                                            monkeypatch):  # fmt: skip
     """TurboQuant under KVKIT_DECODE_PAIR_ADDR=1: every split count within DECODE_GPU_RTOL of
