@@ -455,8 +455,9 @@ __device__ __forceinline__ void kv_mma_vload_t(const unsigned char* const* rows,
     // past it the next group's or the value scale: all inside the slot), joined by one byte
     // permute whose selector depends on g only (loop-invariant): run bit 0 at bit 0, and
     // bits 24..31 whatever follows (no code is read there).
+    // (Without LANED the expression before kv_tq_vlane: the default build's PTX unchanged.)
     const unsigned short* q = reinterpret_cast<const unsigned short*>(
-        rows[0] + TQ_VALUE_OFFSET + vl);
+        LANED ? rows[0] + TQ_VALUE_OFFSET : rows[0] + TQ_VALUE_OFFSET + 3 * g - (g & 1));
     raw[0] = __byte_perm(q[0], q[1], (g & 1) ? 0x6541u : 0x5410u);
     static_assert(VB == 24, "the word mode is the 24-bit run of D = 64");
 #elif KV_HEAD_DIM == 256
