@@ -150,12 +150,7 @@ def pair_head(ins: list[dict], labels: dict[str, int], src: list[str]) -> int:
     for i in ins:
         line = src[i["chain"][0] - 1].strip() if i["chain"] else ""
         m = re.search(r"`\((\.L_x_\d+)\)", i["body"])
-        # (The second form: KVKIT_DECODE_PAIR_TAIL=1, the odd tail taken as a pair.)
-        if (
-            i["op"].startswith("BRA")
-            and m
-            and line.startswith(("for (; i_rest + 1 < n_tiles", "for (; i_rest < n_tiles"))
-        ):
+        if i["op"].startswith("BRA") and m and line.startswith("for (; i_rest + 1 < n_tiles"):
             if labels[m.group(1)] < i["addr"]:
                 heads.append(labels[m.group(1)])
     if not heads:
@@ -230,7 +225,6 @@ COMMON_TAKEN = (
     "float x = sc[h][nr][2 * tt + j] * km[h][tt] * rsc[nr][j];",
     "if (!full[h]) {",
     "for (; i_rest + 1 < n_tiles; i_rest += 2) {",
-    "for (; i_rest < n_tiles; i_rest += 2) {",  # (KVKIT_DECODE_PAIR_TAIL=1)
 )
 
 

@@ -230,19 +230,6 @@
 #else
 #define KVD_PAIR_ADDR 0
 #endif
-// Tile pairs' odd tail (default 0; KVKIT_DECODE_PAIR_TAIL=0 / 1, kvkit/cuda/decode.py, for A/B
-// builds): the pair loop (decode_mma_pairs.cuh) runs an odd last tile of a slab launch as a
-// pair whose second tile (n_tiles) is empty, masked and never copied or waited, instead of
-// the single-tile loop, which in a pair build is much slower than the single-tile build's
-// (NOTES session 14 call 6: registers spent the pair loop's way) and cost NVFP4's 9- and
-// 11-tile splits 7-8% (session 15 call 5). Float32 reassociation of the single tail (the pair
-// loop's order); launches without slabs keep the single-tile loop.
-#if defined(KVKIT_DECODE_PAIR_TAIL)
-#define KVD_PAIR_TAIL_ON KVKIT_DECODE_PAIR_TAIL
-#else
-#define KVD_PAIR_TAIL_ON 0
-#endif
-#define KVD_PAIR_TAIL (KVD_TILE_PAIRS && KVD_PAIR_TAIL_ON)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON

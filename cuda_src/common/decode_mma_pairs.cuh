@@ -8,22 +8,8 @@
 // 32 tokens (one max, one rescale test, one l update), both tiles' P parts into one fresh PV
 // accumulator per m-tile (kv_pv_mtile2: one IEEE add per 32 tokens), and one loop / PDL test.
 // Per tile, as in the single-tile body: the masks (split range, page, causal offsets, window)
-// and the fully-visible fast path. Every tile of launches without slabs is the single-tile
-// loop's, and an odd last tile too unless KVD_PAIR_TAIL (decode_core.cuh).
-//
-// Odd tail as a pair (KVD_PAIR_TAIL): the last pair is tiles n_tiles - 1 and n_tiles, the
-// second empty. Nothing was copied for it (issue / issue_pair copy nothing past n_tiles) and
-// nothing is waited for it (its barrier never starts that phase: the wait would hang). The
-// body needs no other test, as it already runs a ragged tile that way: tile_tokens(n_tiles)
-// <= 0 and its page bit 0 (the issue past n_tiles shifted in a 0), so the tile is not full,
-// every token's ok is false and its logits are replaced by -inf (a select, so the stale stage
-// bytes' scores, NaN or not, never reach the softmax), weights exactly 0; its values' raw
-// words are zeroed (NVFP4) or its value codes (finite table entries) meet weight 0 and value
-// scale 0 (TurboQuant, kv_mma_vtok not called): every product adds +0. The results are the
-// pair loop's order (l: (p0 + p1) + (0 + 0)), so within float32 reassociation of the single
-// tail. No copy can be in flight to the empty tile's stage (that of tile n_tiles - 4, waited
-// and read before). The page-window refill (advance_pages), the issues of tiles past the end
-// and the PDL trigger (ia + 2 >= n_tiles, once) are as for the last pair of an even count.
+// and the fully-visible fast path. An odd last tile, and every tile of launches without
+// slabs, is the single-tile loop's.
 //
 // Pipeline (STAGES = 4, decode_core.cuh): the prologue issued tiles 0 .. STAGES - 3; the pair
 // at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
@@ -110,32 +96,17 @@ if (pipe.slabs) {
     const int LC = c;
 #endif
 #pragma unroll 1
-#if KVD_PAIR_TAIL
-    // An odd last tile is a pair too (its tile ia + 1 = n_tiles empty; see the file comment).
-    for (; i_rest < n_tiles; i_rest += 2) {
-#else
     for (; i_rest + 1 < n_tiles; i_rest += 2) {
-#endif
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
         // PDL: at the start of the pair that holds the last tile.
         if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
 #if KVD_PAIR_ADDR
-#if KVD_PAIR_TAIL
-        // The empty tile n_tiles of an odd tail was never issued: its barrier's phase never
-        // completes, so only tile ia's is waited (one warp-uniform test per pair).
-        if (ia + 1 < n_tiles)
-            pipe.wait_pair(ia);
-        else
-            pipe.wait_bulk(ia);
-#else
         pipe.wait_pair(ia);
-#endif
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
 #else
         pipe.wait<STAGES - 2>(ia);
-        // (KVD_PAIR_TAIL: no wait for the empty tile n_tiles, never issued, as above.)
-        if (!KVD_PAIR_TAIL || ia + 1 < n_tiles) pipe.wait<STAGES - 2>(ia + 1);
+        pipe.wait<STAGES - 2>(ia + 1);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
@@ -444,10 +415,8 @@ if (pipe.slabs) {
         }
         // (e2) pair end
     }
-#if !KVD_PAIR_TAIL
     // An odd tile count leaves the last tile to the single-tile loop, which issues tile
     // i_rest + STAGES - 1 and finds tile i_rest's page bit at STAGES - 1: the issue of tile
     // i_rest + STAGES - 2 (past the last tile: no copy, the bit shift only) keeps both.
     if (i_rest < n_tiles) pipe.issue(i_rest + STAGES - 2, KV_PLANE_PARAMS);
-#endif
 }

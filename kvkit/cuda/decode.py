@@ -83,10 +83,6 @@ worked out once before the loop and both tiles' copies issued together (one prox
 shared stage and destination arithmetic); the same loads of the same bytes, so the same bits
 (A/B runs). Unset, each family's default: 1 for NVFP4, 0 (the build before) for TurboQuant
 until measured.
-``KVKIT_DECODE_PAIR_TAIL=0`` / ``1`` picks how the tile-pair loop (NVFP4 and TurboQuant) takes
-an odd last tile of a split: the single-tile loop (the default) / as a pair whose second tile
-is empty (masked, never copied or waited); float32 rounding apart, the same attention (A/B
-runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -374,9 +370,6 @@ _FAMILY_SWITCHES = (
     # unset, the family's default: 1 for NVFP4, 0 for TurboQuant's codebook presets
     # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT; not yet measured there).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4", "turboquant")),
-    # The tile-pair loop's odd last tile: a pair with an empty second tile (1) or the
-    # single-tile loop (0, the default) (decode_core.cuh KVD_PAIR_TAIL).
-    ("KVKIT_DECODE_PAIR_TAIL", ("0", "1"), ("nvfp4", "turboquant")),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

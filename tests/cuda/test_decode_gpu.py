@@ -493,19 +493,15 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     bit for bit (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for
     KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation (bad pages are masked per
     tile of a pair)."""
-    # KVKIT_DECODE_PAIR_TAIL (an odd last tile as a pair with an empty second tile) sums the
-    # last tile in the pair loop's order: within float32 reassociation, pairs pinned on.
-    pair_tail = var == "KVKIT_DECODE_PAIR_TAIL"
-    pairs = var == "KVKIT_DECODE_TILE_PAIRS" or pair_tail
+    pairs = var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     pair_addr = var == "KVKIT_DECODE_PAIR_ADDR"
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
-    if pair_tail or not pairs:
-        # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR / _PAIR_TAIL at every split count (the
-        # launcher would give NVFP4's short splits the single-tile build,
-        # kvkit/cuda/split_builds.py).
-        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pair_addr or pair_tail else "0")
+    if not pairs:
+        # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
+        # give NVFP4's short splits the single-tile build, kvkit/cuda/split_builds.py).
+        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pair_addr else "0")
     case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
                 seed=seed)  # fmt: skip
@@ -1509,76 +1505,6 @@ def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len,
     if pages.startswith("nhd"):
         store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TILE_PAIRS", "1", "0")
-
-
-# --- the pair loop's odd tail (KVKIT_DECODE_PAIR_TAIL, decode_core.cuh KVD_PAIR_TAIL) ---------
-# An odd last tile of a slab launch's split runs as a pair whose second tile is empty (never
-# copied or waited, every token masked) instead of the single-tile loop: within float32
-# reassociation of the single tail (the pair loop's order), each within DECODE_GPU_RTOL of
-# float64. Where pairs do not apply (sm_80 / sm_89 / sm_120, launches without slabs) both
-# values build the same code. assert_builds_agree pins KVKIT_DECODE_TILE_PAIRS=1.
-# Tiles per split at 1 split: 1 (partial), 1, 3 (partial), 4, 5, 9, 11 (partial), 21 (partial),
-# 33 (the page-window refill before tile 32, odd tail in window 1); at 3 splits other odd and
-# even counts (pages cut by split_page_range).
-PAIR_TAIL_LENS = [37, 64, 2 * 64 + 9, 4 * 64, 5 * 64, 9 * 64, 11 * 64 - 5, 20 * 64 + 37,
-                  33 * 64 + 16]  # fmt: skip
-
-
-@pytest.mark.parametrize("name", PAIR_NAMES)
-@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (4, 2), (2, 4)])
-@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None), (16, 70)])
-def test_pair_tail_matches_the_single_tail(cp, name, group, q_len, block_size, window,
-                                           monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_PAIR_TAIL=1 against 0 (pairs on): odd and even tile counts, partial last
-    tiles, ragged warps (5 pages + 9 tokens), pages below / at / above the tile, a window,
-    causal q_len > 1, 1-8 query rows (TurboQuant pairs up to 4 at head_dim 128)."""
-    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=[*PAIR_TAIL_LENS, 5 * block_size + 9], window=window,
-                seed=block_size + 5 * group + q_len)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_TAIL", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc"])
-@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90)])
-def test_pair_tail_at_head_dim_64(cp, name, group, q_len, window, monkeypatch):
-    """The same at head_dim 64."""
-    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
-                seq_lens=PAIR_TAIL_LENS, window=window, seed=9 + group)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_TAIL", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
-@pytest.mark.parametrize("group, q_len, block_size", [(4, 1, 16), (2, 2, 64)])
-def test_pair_tail_at_head_dim_256(cp, name, group, q_len, block_size, monkeypatch):
-    """The same at head_dim 256 (TurboQuant's pairs there, up to 4 query rows)."""
-    case = Case(name, head_dim=256, hkv=1, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=PAIR_TAIL_LENS, window=None if block_size != 64 else 200,
-                seed=17 + group)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIR_TAIL", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize("name", PAIR_NAMES)
-@pytest.mark.parametrize("block_size", [16, 64, 128])
-def test_pair_tail_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree; sequence 2 is one tile, odd) under
-    KVKIT_DECODE_PAIR_TAIL=1 and 0: the same flag at 1, 3 and MAX_SPLITS splits, the outputs
-    within float32 reassociation."""
-    assert_bad_pages_agree(name, block_size, block_size + 2, monkeypatch,
-                           "KVKIT_DECODE_PAIR_TAIL")  # fmt: skip
-
-
-@pytest.mark.parametrize("name", [*PAIR_NAMES, "nvfp4_4over6"])
-@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
-def test_pair_tail_matches_float64_at_every_split_count(cp, name, group, q_len, monkeypatch):
-    """Under KVKIT_DECODE_PAIR_TAIL=1 (pairs on), every split count (1, 3, MAX_SPLITS, the
-    heuristic) within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each
-    other, with sinks and a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    monkeypatch.setenv("KVKIT_DECODE_PAIR_TAIL", "1")
-    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
-                seq_lens=[*PAIR_TAIL_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=19 + group)  # fmt: skip
-    check_against_reference(case)
 
 
 # --- TurboQuant at head_dim 256: token order and tile pairs ----------------------------------
