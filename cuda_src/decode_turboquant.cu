@@ -500,11 +500,18 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // presets' slot row holds the key codes, the key norm, the value codes and the value scale and
 // zero, so the pair loop holds three per-lane offsets into it (the score token's row, that row
 // plus kv_mma_klane, the PV token's row plus kv_mma_vlane) and reads through kv_mma_kload with
-// c = 0 and kv_mma_vload_at. FP8 keys (k8v4) keep the build before. Default off
-// (KV_PAIR_ADDR_DEFAULT 0; KVKIT_DECODE_PAIR_ADDR=1 turns it on) until measured.
+// c = 0 and kv_mma_vload_at. FP8 keys (k8v4) keep the build before. On by default but for
+// turboquant_3bit_nc at head_dim 256 (KV_PAIR_ADDR_DEFAULT; KVKIT_DECODE_PAIR_ADDR=0 / 1 for
+// A/B runs). Measured on the H200 (session 15, call 6; graph ms, 0 / 0 -> 1 / 1): 4bit_nc
+// (64, 8192) 0.2580 / 0.2626 -> 0.2493 / 0.2588, (1, 131072) 0.0757 / 0.0766 -> 0.0741 /
+// 0.0745, D = 64 (32, 4096) 0.0552 / 0.0559 -> 0.0526 / 0.0526, D = 256 0.1318 / 0.1329 ->
+// 0.1249 / 0.1249; 3bit_nc and k3v4_nc -2 to -6% likewise, except 3bit_nc at D = 256:
+// 0.1438 / 0.1434 -> 0.1454 / 0.1447 (+1%), which keeps the build before.
 #define KV_MMA_LANE_OFFS 1
 #define KV_MMA_LANE_SLOT 1
+#if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256
 #define KV_PAIR_ADDR_DEFAULT 0
+#endif
 __device__ __forceinline__ int kv_mma_klane(int, int c) { return KV_TQ_RUN_BYTES * c; }
 __device__ __forceinline__ int kv_mma_vlane(int, int g) { return kv_tq_vlane(g); }
 __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows, int g,

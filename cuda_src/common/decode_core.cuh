@@ -216,7 +216,8 @@
 // 0.2157 / 0.2149 -> 0.2084 / 0.2044, (1, 131072) 0.0638 / 0.0631 -> 0.0612 / 0.0614, (8, 8192)
 // 0.0378 / 0.0375 -> 0.0366 / 0.0364, D = 64 (32, 4096) 0.0443 / 0.0447 -> 0.0427 / 0.0422.
 // The default is the family's (KV_PAIR_ADDR_DEFAULT, 1 unless it says otherwise): TurboQuant's
-// lane offsets (decode_turboquant.cu, benchmarks/NOTES.md "pa15") are 0 until measured.
+// lane offsets (decode_turboquant.cu, benchmarks/NOTES.md "pa15") are on but for 3bit_nc at
+// head_dim 256, where they measured 1% slower.
 #ifndef KV_PAIR_ADDR_DEFAULT
 #define KV_PAIR_ADDR_DEFAULT 1
 #endif

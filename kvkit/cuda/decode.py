@@ -81,8 +81,8 @@ apart, the same attention (which lane sums which token, another softmax order).
 _k3v4_nc; head_dim 64, 128 and 256) addresses its tiles: as before / per-lane row offsets
 worked out once before the loop and both tiles' copies issued together (one proxy fence,
 shared stage and destination arithmetic); the same loads of the same bytes, so the same bits
-(A/B runs). Unset, each family's default: 1 for NVFP4, 0 (the build before) for TurboQuant
-until measured.
+(A/B runs). Unset, each family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256
+(measured 1% slower there).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -367,8 +367,8 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);
-    # unset, the family's default: 1 for NVFP4, 0 for TurboQuant's codebook presets
-    # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT; not yet measured there).
+    # unset, the family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256
+    # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4", "turboquant")),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.

@@ -207,8 +207,7 @@ def test_tensor_core_decode_does_not_spill(arch):
     # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows); "-pairaddr1": NVFP4's tile-pair loop
     # with per-lane row offsets held and both tiles' copies issued together
     # (KVKIT_DECODE_PAIR_ADDR=1, for A/B runs; also at 8 x 1, 2 x 4, 4 x 2 and 16 x 1 at
-    # head_dim 128 and 8 x 1 at 64), and the same for TurboQuant's codebook presets (where
-    # the default is still 0).
+    # head_dim 128 and 8 x 1 at 64), and the same for TurboQuant's codebook presets.
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
