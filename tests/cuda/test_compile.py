@@ -204,10 +204,10 @@ def test_tensor_core_decode_does_not_spill(arch):
     # "-pairs0": the warp pipes' tile loop one tile at a time (KVKIT_DECODE_TILE_PAIRS=0, for
     # A/B runs; the default takes two on sm_90 up to 8 query rows (TurboQuant 4) at head_dim
     # <= 128, so the default nvfp4 and turboquant_4bit_nc builds are also built at G x q_len =
-    # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows); "-pairaddr1": NVFP4's tile-pair loop
-    # with per-lane row offsets held and both tiles' copies issued together
-    # (KVKIT_DECODE_PAIR_ADDR=1, for A/B runs; also at 8 x 1, 2 x 4, 4 x 2 and 16 x 1 at
-    # head_dim 128 and 8 x 1 at 64), and the same for TurboQuant's codebook presets.
+    # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows, and, for the tile-pair loop's per-lane
+    # row offsets (KVKIT_DECODE_PAIR_ADDR, default 1), at 4 x 2 and 16 x 1 at head_dim 128 and
+    # 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0,
+    # for A/B runs).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -223,7 +223,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "slabs64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "1"),
         "cp64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "0"),
         "pairs0": ("KVKIT_DECODE_TILE_PAIRS", "0"),
-        "pairaddr1": ("KVKIT_DECODE_PAIR_ADDR", "1"),
+        "pairaddr0": ("KVKIT_DECODE_PAIR_ADDR", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -231,16 +231,13 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_k8v4-tqv0", "turboquant_4bit_nc-tqslab0",
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
                  "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs0",
-                 "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr1",
-                 "nvfp4_4over6-pairaddr1", "turboquant_4bit_nc-pairaddr1",
-                 "turboquant_3bit_nc-pairaddr1", "turboquant_k3v4_nc-pairaddr1"):  # fmt: skip
+                 "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr0",
+                 "turboquant_4bit_nc-pairaddr0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
-            shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"))
-        if switch == "pairaddr1":
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
                        (8, 1, 64, "0"))  # fmt: skip
         for group, q_len, d, q_dtype in shapes:
@@ -264,13 +261,13 @@ def test_tensor_core_decode_does_not_spill(arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
 def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
-    """TurboQuant's head_dim-256 switches (KVKIT_DECODE_TQ_TOKEN_ORDER, KVKIT_DECODE_TQ_PAIRS256,
-    decode_turboquant.cu; A/B builds) at 2 (every codebook-key preset), alone and together, on
-    the tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4; pairs up to 4 rows, sm_90 / sm_100a
-    only): no spills at the 255-register cap of D = 256."""
+    """TurboQuant at head_dim 256 with its tile pairs (KVKIT_DECODE_TQ_PAIRS256, default 2:
+    every codebook-key preset, pairs up to 4 rows on sm_90 / sm_100a only), and with the
+    bank-friendly token order as well (KVKIT_DECODE_TQ_TOKEN_ORDER=2, an A/B build), on the
+    tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4): no spills at the 255-register cap of
+    D = 256."""
     bad, cases, jobs = [], [], []
-    settings = ({"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"}, {"KVKIT_DECODE_TQ_PAIRS256": "2"},
-                {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2", "KVKIT_DECODE_TQ_PAIRS256": "2"})  # fmt: skip
+    settings = ({}, {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"})
     for name in ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"):
         for extra in settings:
             for group, q_len in ((4, 1), (8, 1), (4, 2), (2, 4)):
