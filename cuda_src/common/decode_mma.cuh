@@ -365,8 +365,6 @@ __device__ __forceinline__ void kv_ldsm_x4(unsigned* r, unsigned addr) {
                  : "r"(addr));
 }
 
-// The transpose of an 8 x 8 matrix of 16-bit values held in mma fragment layout (lane l
-// holds row l / 4, columns 2 (l % 4), +1), in the same layout (sm_75+).
 #if KV_MMA_K_REGS && KV_HEAD_DIM > 128
 // Tile pairs at D = 256 (decode_mma_pairs.cuh, KV_TILE_PAIRS_MAX_D): the pair's score k-steps
 // KS0, KS0 + 2, .. with compile-time indices (template recursion), where #pragma unroll left
@@ -398,6 +396,8 @@ __device__ __forceinline__ void kv_pair_scores(const unsigned (*kraw)[2][KV_MMA_
     }
 }
 #endif
+// The transpose of an 8 x 8 matrix of 16-bit values held in mma fragment layout (lane l
+// holds row l / 4, columns 2 (l % 4), +1), in the same layout (sm_75+).
 __device__ __forceinline__ unsigned kv_movmatrix_trans(unsigned x) {
     unsigned r;
     asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(r) : "r"(x));

@@ -13,6 +13,7 @@ Pure Python, no CuPy: the rule is tested on any machine.
 from __future__ import annotations
 
 from .._checks import check_int
+from ..splits import page_range
 
 __all__ = [
     "K8V4_SLABS_MIN_TILES",
@@ -78,9 +79,9 @@ def split_tiles(max_tokens: int, block_size: int, num_splits: int, tile: int) ->
     block_size = check_int("block_size", block_size, 1)
     num_splits = check_int("num_splits", num_splits, 1)
     tile = check_int("tile", tile, 1)
-    pages = -(-max_tokens // block_size)
-    pages_per_split = -(-pages // num_splits)
-    return -(-pages_per_split * block_size // tile)
+    # Split 0 is a longest one: the splits' own cut, not a second copy of its arithmetic.
+    first, end = page_range(max_tokens, block_size, num_splits, 0)
+    return -(-(end - first) * block_size // tile)
 
 
 def split_length_switches(fmt, loop: int, tiles: int) -> tuple[tuple[str, str], ...]:

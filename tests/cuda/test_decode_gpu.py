@@ -1215,9 +1215,9 @@ def test_merge_states_argument_errors(cp):
 
 # --- the pair loop's addressing (KVKIT_DECODE_PAIR_ADDR, decode_core.cuh KVD_PAIR_ADDR) ------
 # NVFP4's tile-pair loop with per-lane row offsets held over the loop and both tiles' copies
-# issued together: the same loads of the same staged bytes and the same arithmetic in the same
-# order, so the same bits as the default (0), pairs on on both sides. Under KVKIT_ARCH=sm_80 /
-# sm_89 (no pair loop) both values build the same code.
+# issued together (1, the default): the same loads of the same staged bytes and the same
+# arithmetic in the same order, so the same bits as the build before (0), pairs on on both
+# sides. Under KVKIT_ARCH=sm_80 / sm_89 (no pair loop) both values build the same code.
 PAIR_ADDR_NAMES = ["nvfp4", "nvfp4_4over6"]
 
 
@@ -1281,9 +1281,9 @@ def test_pair_addr_matches_float64_at_every_split_count(cp, name, group, q_len, 
 
 
 # TurboQuant's codebook presets under the same switch (decode_mma_pairs.cuh KV_MMA_LANE_SLOT:
-# three lane offsets into the one slot row, halved key-row offset; default 0 there): 1 against
-# 0 bit for bit, pairs on on both sides, at head_dim 64 (8 rows), 128 and 256 (4 rows; more
-# rows build the same code under both values).
+# three lane offsets into the one slot row, halved key-row offset; default 1 but for 3bit_nc
+# at head_dim 256): 1 against 0 bit for bit, pairs on on both sides, at head_dim 64 (8 rows),
+# 128 and 256 (4 rows; more rows build the same code under both values).
 TQ_PAIR_ADDR_NAMES = ["turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"]
 
 
