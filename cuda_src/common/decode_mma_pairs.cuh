@@ -82,12 +82,23 @@ if (pipe.slabs) {
         int t0[2];
         int n_tile[2];
         const unsigned char* kr[2][2][4];  // [h][tt][plane]: score tokens g, g + 8
+#if KVD_NV_ISSUE
+        // (KVD_NV_ISSUE) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+        // its rows are immediates from the same registers. stage(ia + 1) as its own
+        // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
+        // per row, per tile. The same addresses.
+        const unsigned char* const sp = pipe.stage(ia);
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             whp[h] = pipe.warp_has_page_at(h);
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
+#if KVD_NV_ISSUE
+            const unsigned char* s = sp + h * kvd::STAGE_BYTES;
+#else
             const unsigned char* s = pipe.stage(ia + h);
+#endif
 #if KVD_PAIR_ADDR
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
@@ -314,7 +325,11 @@ if (pipe.slabs) {
         unsigned vraw[2][4][KV_MMA_VRAW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#if KVD_NV_ISSUE
+            const unsigned char* s = sp + h * kvd::STAGE_BYTES;  // (as the scores' rows)
+#else
             const unsigned char* s = pipe.stage(ia + h);
+#endif
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];

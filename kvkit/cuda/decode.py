@@ -80,6 +80,10 @@ apart, the same attention (which lane sums which token, another softmax order).
 64 and 128) addresses its tiles: as before / per-lane row offsets worked out once before the
 loop and both tiles' copies issued together (the default: one proxy fence, shared stage and
 destination arithmetic); the same loads of the same bytes, so the same bits (A/B runs).
+``KVKIT_DECODE_NV_ISSUE=0`` / ``1`` (NVFP4 with pair addresses, head_dim 64 and 128 on sm_90 /
+sm_100): as before (the default) / the tile pair's second stage and its row addresses as
+offsets from the first (one stage address per pair); the same loads of the same bytes and
+the same float operations, so the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -366,6 +370,9 @@ _FAMILY_SWITCHES = (
     # both tiles' copies issued together (1, the default), or as before (0) (decode_core.cuh
     # KVD_PAIR_ADDR).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4",)),
+    # NVFP4's tile-pair loop with pair addresses: instruction cuts that keep every load, copy
+    # and float operation (1), or as before (0, the default) (decode_core.cuh KVD_NV_ISSUE).
+    ("KVKIT_DECODE_NV_ISSUE", ("0", "1"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

@@ -207,7 +207,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows); "-pairaddr1": NVFP4's tile-pair loop
     # with per-lane row offsets held and both tiles' copies issued together
     # (KVKIT_DECODE_PAIR_ADDR=1, for A/B runs; also at 8 x 1, 2 x 4, 4 x 2 and 16 x 1 at
-    # head_dim 128 and 8 x 1 at 64).
+    # head_dim 128 and 8 x 1 at 64); "-nvissue1": on top of that, the pair loop's issue and
+    # row trims (KVKIT_DECODE_NV_ISSUE=1, A/B runs; the same shapes).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -224,6 +225,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "cp64": ("KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "0"),
         "pairs0": ("KVKIT_DECODE_TILE_PAIRS", "0"),
         "pairaddr1": ("KVKIT_DECODE_PAIR_ADDR", "1"),
+        "nvissue1": ("KVKIT_DECODE_NV_ISSUE", "1"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -232,14 +234,15 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_k8v4-tqslab1", "turboquant_3bit_nc-tq64cpasync",
                  "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs0",
                  "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr1",
-                 "nvfp4_4over6-pairaddr1"):  # fmt: skip
+                 "nvfp4_4over6-pairaddr1", "nvfp4-nvissue1",
+                 "nvfp4_4over6-nvissue1"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"))
-        if switch == "pairaddr1":
+        if switch in ("pairaddr1", "nvissue1"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
                        (8, 1, 64, "0"))  # fmt: skip
         for group, q_len, d, q_dtype in shapes:
