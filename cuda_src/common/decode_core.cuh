@@ -1152,6 +1152,13 @@ struct KvTilePipe {
     __device__ __forceinline__ bool warp_has_page_at(int k) const {
         return (pg_bits >> (kvd::STAGES - 1 - k)) & 1u;
     }
+#if KVD_NV_ISSUE
+    // warp_has_page_at(0) && warp_has_page_at(1) as one mask test (the pair loop's full2).
+    __device__ __forceinline__ bool warp_has_pages_01() const {
+        constexpr unsigned M = 3u << (kvd::STAGES - 2);
+        return (pg_bits & M) == M;
+    }
+#endif
 #endif
     // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
     __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {

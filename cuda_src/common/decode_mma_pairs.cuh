@@ -195,13 +195,28 @@ if (pipe.slabs) {
 
         // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
         // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
+        auto tile_full = [&](int h) {
+            return !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
+                   (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
+                   (window <= 0 || t0[h] >= seq_len - window) && whp[h];
+        };
+#if KVD_NV_ISSUE
+        // (KVD_NV_ISSUE) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
+        // 1's range and causal tests imply tile 0's, tile 0's window test tile 1's): then
+        // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
+        // operand zeroing), which run only for a tile that is not full, are skipped behind
+        // this one branch instead of four. full[h] is still what those blocks test.
+        const bool full2 = !KVD_MASK_ALL && t0[0] + 2 * TILE <= pipe.t_hi &&
+                           (QL == 1 || t0[0] + (2 * TILE - 1) <= seq_len - QL) &&
+                           (window <= 0 || t0[0] >= seq_len - window) && pipe.warp_has_pages_01();
+#else
+        constexpr bool full2 = false;
+#endif
         bool full[2];
+#if !KVD_NV_ISSUE
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            full[h] = !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
-                      (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
-                      (window <= 0 || t0[h] >= seq_len - window) && whp[h];
-        }
+        for (int h = 0; h < 2; ++h) full[h] = tile_full(h);
+#endif
         float p[NR][2][4];  // [nr][j][2 h + tt]: logits, then weights
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
@@ -219,8 +234,12 @@ if (pipe.slabs) {
             }
         }
         bool ok[2][2] = {{true, true}, {true, true}};
+        if (!full2) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#if KVD_NV_ISSUE
+            full[h] = tile_full(h);  // (only here and in the PV block's twin below)
+#endif
             if (!full[h]) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
@@ -242,6 +261,7 @@ if (pipe.slabs) {
                     }
                 }
             }
+        }
         }
         float alpha[NR][2];
         kv_mma_softmax_step<4>(p, m_r, l_r, acc, alpha);
@@ -345,6 +365,10 @@ if (pipe.slabs) {
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
+            if (!full2) {
+#if KVD_NV_ISSUE
+            full[h] = tile_full(h);
+#endif
             if (!full[h]) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
@@ -354,6 +378,7 @@ if (pipe.slabs) {
                         for (int e = 0; e < KV_MMA_VRAW; ++e) vraw[h][k][e] = 0u;
                     }
                 }
+            }
             }
 #endif
         }
