@@ -1346,6 +1346,9 @@ struct KvTilePipe {
         pg_bits <<= 2;
         if (j >= n_tiles) return;
         const bool two = j + 1 < n_tiles;
+#if !KVD_NV_ISSUE
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#endif
         const int pg0 = warp_page(j);
         // (-1 past n_tiles: window_check's live() test; tile j + 1 is in tile j's window.)
         const int pg1 = warp_page(j + 1);
@@ -1366,8 +1369,9 @@ struct KvTilePipe {
             slab_copies<false>(sa + kvd::STAGE_BYTES, pg1, 0, t16w, bar + 8u, KV_PLANE_PARAMS);
             return;
         }
-#endif
+        // (The other pairs: t16 as before.)
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#endif
         pg_bits |= (pg0 >= 0 ? 2u : 0u) | (pg1 >= 0 ? 1u : 0u);
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg0 >= 0 ? 16u * TW : 0u);

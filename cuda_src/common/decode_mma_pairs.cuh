@@ -195,12 +195,12 @@ if (pipe.slabs) {
 
         // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
         // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
+#if KVD_NV_ISSUE
         auto tile_full = [&](int h) {
             return !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
                    (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
                    (window <= 0 || t0[h] >= seq_len - window) && whp[h];
         };
-#if KVD_NV_ISSUE
         // (KVD_NV_ISSUE) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
         // 1's range and causal tests imply tile 0's, tile 0's window test tile 1's): then
         // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
@@ -209,13 +209,15 @@ if (pipe.slabs) {
         const bool full2 = !KVD_MASK_ALL && t0[0] + 2 * TILE <= pipe.t_hi &&
                            (QL == 1 || t0[0] + (2 * TILE - 1) <= seq_len - QL) &&
                            (window <= 0 || t0[0] >= seq_len - window) && pipe.warp_has_pages_01();
+        bool full[2];  // (worked out behind !full2 below, where the mask blocks test it)
 #else
-        constexpr bool full2 = false;
-#endif
         bool full[2];
-#if !KVD_NV_ISSUE
 #pragma unroll
-        for (int h = 0; h < 2; ++h) full[h] = tile_full(h);
+        for (int h = 0; h < 2; ++h) {
+            full[h] = !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
+                      (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
+                      (window <= 0 || t0[h] >= seq_len - window) && whp[h];
+        }
 #endif
         float p[NR][2][4];  // [nr][j][2 h + tt]: logits, then weights
 #pragma unroll
@@ -234,7 +236,9 @@ if (pipe.slabs) {
             }
         }
         bool ok[2][2] = {{true, true}, {true, true}};
+#if KVD_NV_ISSUE
         if (!full2) {
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #if KVD_NV_ISSUE
@@ -262,7 +266,9 @@ if (pipe.slabs) {
                 }
             }
         }
+#if KVD_NV_ISSUE
         }
+#endif
         float alpha[NR][2];
         kv_mma_softmax_step<4>(p, m_r, l_r, acc, alpha);
 
@@ -365,8 +371,8 @@ if (pipe.slabs) {
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
-            if (!full2) {
 #if KVD_NV_ISSUE
+            if (!full2) {
             full[h] = tile_full(h);
 #endif
             if (!full[h]) {
@@ -379,7 +385,9 @@ if (pipe.slabs) {
                     }
                 }
             }
+#if KVD_NV_ISSUE
             }
+#endif
 #endif
         }
 #pragma unroll
