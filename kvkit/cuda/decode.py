@@ -82,8 +82,10 @@ loop and both tiles' copies issued together (the default: one proxy fence, share
 destination arithmetic); the same loads of the same bytes, so the same bits (A/B runs).
 ``KVKIT_DECODE_NV_ISSUE=0`` / ``1`` (NVFP4 with pair addresses, head_dim 64 and 128 on sm_90 /
 sm_100): as before (the default) / the tile pair's second stage and its row addresses as
-offsets from the first (one stage address per pair); the same loads of the same bytes and
-the same float operations, so the same bits (A/B runs).
+offsets from the first (one stage address per pair), the common pair's copies (both pages
+good, pages of <= 64 tokens) issued behind one test, and a pair whose two tiles are fully
+visible tested once (the per-tile masks skipped behind it); the same loads of the same bytes,
+the same copies and the same float operations, so the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
