@@ -231,6 +231,16 @@
 #else
 #define KVD_PAIR_ADDR 0
 #endif
+// NVFP4 pair issue trims (default 0, the build before; KVKIT_DECODE_NV_ISSUE=1, kvkit/cuda/
+// decode.py, for A/B builds): on top of KVD_PAIR_ADDR, instruction cuts in the pair loop that
+// keep every load, copy and float operation (decode_mma_pairs.cuh and KvTilePipe::issue_pair
+// say which): the same bits. benchmarks/NOTES.md "nv16" has the static counts.
+#if defined(KVKIT_DECODE_NV_ISSUE)
+#define KVD_NV_ISSUE_ON KVKIT_DECODE_NV_ISSUE
+#else
+#define KVD_NV_ISSUE_ON 0
+#endif
+#define KVD_NV_ISSUE (KVD_PAIR_ADDR && KVD_NV_ISSUE_ON)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -1051,6 +1061,14 @@ struct KvTilePipe {
     // (prepare_slabs), as the copy engine's uniform operands would otherwise be rebuilt from
     // the kernel parameters every tile (~11 uniform instructions per plane).
     unsigned long long sbase[4];
+#if KVD_NV_ISSUE
+    // (KVD_NV_ISSUE) The warp's first token in a tile, 16 w, shuffled from lane 0 once
+    // (prepare_slabs; issue_pair shuffled it every pair), or -1 for pages of more than TILE
+    // tokens, so that issue_pair's common-pair test is one OR of it and the two pages; and
+    // the stages' shared-window address (issue_pair converted stg every pair).
+    int t16w;
+    unsigned stg_sa;
+#endif
 #endif
     bool runs;     // fast, pages of a multiple of 16 tokens and token-contiguous row planes:
                    // kvd::ROW_RUNS builds copy whole warp runs as row runs
@@ -1141,6 +1159,13 @@ struct KvTilePipe {
     __device__ __forceinline__ bool warp_has_page_at(int k) const {
         return (pg_bits >> (kvd::STAGES - 1 - k)) & 1u;
     }
+#if KVD_NV_ISSUE
+    // warp_has_page_at(0) && warp_has_page_at(1) as one mask test (the pair loop's full2).
+    __device__ __forceinline__ bool warp_has_pages_01() const {
+        constexpr unsigned M = 3u << (kvd::STAGES - 2);
+        return (pg_bits & M) == M;
+    }
+#endif
 #endif
     // The ring's tp[t] >= 0 for warp token t of tile i (has: warp_has_page()).
     __device__ __forceinline__ bool page_ok(int i, bool has, int t) const {
@@ -1254,6 +1279,10 @@ struct KvTilePipe {
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
         const int off = block_size <= kvd::TILE ? (t16 & (block_size - 1)) : t16;
         sbase[0] = sbase[1] = sbase[2] = sbase[3] = 0;
+#if KVD_NV_ISSUE
+        t16w = block_size <= kvd::TILE ? t16 : -1;
+        stg_sa = kv_smem_addr(stg);
+#endif
         if (slabs) {
             sbase[0] = kv_slab_base<KV_P0_BYTES>(p0, p0_sh, p0_st, KV_P0_ELEM, kvh, off);
             sbase[1] = kv_slab_base<KV_P1_BYTES>(p1, p1_sh, p1_st, KV_P1_ELEM, kvh, off);
@@ -1324,10 +1353,32 @@ struct KvTilePipe {
         pg_bits <<= 2;
         if (j >= n_tiles) return;
         const bool two = j + 1 < n_tiles;
+#if !KVD_NV_ISSUE
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#endif
         const int pg0 = warp_page(j);
         // (-1 past n_tiles: window_check's live() test; tile j + 1 is in tile j's window.)
         const int pg1 = warp_page(j + 1);
+#if KVD_NV_ISSUE
+        // (KVD_NV_ISSUE) The common pair: both pages good (so j + 1 < n_tiles: pg1 is -1
+        // past n_tiles) in pages of <= TILE tokens (t16w >= 0). One test instead of the
+        // general path's five (two, each page, either page, the page size), and the page bits
+        // and the announced bytes as constants: the same arrivals, fence and copies in the
+        // same order.
+        if ((pg0 | pg1 | t16w) >= 0) {
+            pg_bits |= 3u;
+            const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
+            kv_mbar_arrive_tx_warp(bar, 16u * TW);
+            kv_mbar_arrive_tx_warp(bar + 8u, 16u * TW);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            const unsigned sa = stg_sa + (unsigned)((j % kvd::STAGES) * kvd::STAGE_BYTES);
+            slab_copies<false>(sa, pg0, 0, t16w, bar, KV_PLANE_PARAMS);
+            slab_copies<false>(sa + kvd::STAGE_BYTES, pg1, 0, t16w, bar + 8u, KV_PLANE_PARAMS);
+            return;
+        }
+        // (The other pairs: t16 as before.)
+        const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
+#endif
         pg_bits |= (pg0 >= 0 ? 2u : 0u) | (pg1 >= 0 ? 1u : 0u);
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
         kv_mbar_arrive_tx_warp(bar, pg0 >= 0 ? 16u * TW : 0u);

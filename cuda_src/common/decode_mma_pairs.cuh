@@ -119,12 +119,23 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
         const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
 #endif
+#if KVD_NV_ISSUE
+        // (KVD_NV_ISSUE) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+        // its rows are immediates from the same registers. stage(ia + 1) as its own
+        // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
+        // per row, per tile. The same addresses.
+        const unsigned char* const sp = pipe.stage(ia);
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             whp[h] = pipe.warp_has_page_at(h);
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
+#if KVD_NV_ISSUE
+            const unsigned char* s = sp + h * kvd::STAGE_BYTES;
+#else
             const unsigned char* s = pipe.stage(ia + h);
+#endif
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
@@ -233,6 +244,22 @@ if (pipe.slabs) {
 
         // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
         // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
+#if KVD_NV_ISSUE
+        auto tile_full = [&](int h) {
+            return !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
+                   (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
+                   (window <= 0 || t0[h] >= seq_len - window) && whp[h];
+        };
+        // (KVD_NV_ISSUE) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
+        // 1's range and causal tests imply tile 0's, tile 0's window test tile 1's): then
+        // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
+        // operand zeroing), which run only for a tile that is not full, are skipped behind
+        // this one branch instead of four. full[h] is still what those blocks test.
+        const bool full2 = !KVD_MASK_ALL && t0[0] + 2 * TILE <= pipe.t_hi &&
+                           (QL == 1 || t0[0] + (2 * TILE - 1) <= seq_len - QL) &&
+                           (window <= 0 || t0[0] >= seq_len - window) && pipe.warp_has_pages_01();
+        bool full[2];  // (worked out behind !full2 below, where the mask blocks test it)
+#else
         bool full[2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -240,6 +267,7 @@ if (pipe.slabs) {
                       (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
                       (window <= 0 || t0[h] >= seq_len - window) && whp[h];
         }
+#endif
         float p[NR][2][4];  // [nr][j][2 h + tt]: logits, then weights
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
@@ -257,8 +285,14 @@ if (pipe.slabs) {
             }
         }
         bool ok[2][2] = {{true, true}, {true, true}};
+#if KVD_NV_ISSUE
+        if (!full2) {
+#endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#if KVD_NV_ISSUE
+            full[h] = tile_full(h);  // (only here and in the PV block's twin below)
+#endif
             if (!full[h]) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
@@ -281,6 +315,9 @@ if (pipe.slabs) {
                 }
             }
         }
+#if KVD_NV_ISSUE
+        }
+#endif
         float alpha[NR][2];
         kv_mma_softmax_step<4>(p, m_r, l_r, acc, alpha);
 
@@ -371,7 +408,11 @@ if (pipe.slabs) {
         unsigned vraw[2][4][KV_MMA_VRAW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
+#if KVD_NV_ISSUE
+            const unsigned char* s = sp + h * kvd::STAGE_BYTES;  // (as the scores' rows)
+#else
             const unsigned char* s = pipe.stage(ia + h);
+#endif
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
                 const unsigned char* rv[4];
@@ -391,6 +432,10 @@ if (pipe.slabs) {
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
+#if KVD_NV_ISSUE
+            if (!full2) {
+            full[h] = tile_full(h);
+#endif
             if (!full[h]) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
@@ -401,6 +446,9 @@ if (pipe.slabs) {
                     }
                 }
             }
+#if KVD_NV_ISSUE
+            }
+#endif
 #endif
         }
 #pragma unroll

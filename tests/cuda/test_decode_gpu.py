@@ -496,7 +496,11 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     pairs = var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
-    pair_addr = var == "KVKIT_DECODE_PAIR_ADDR"
+    # KVKIT_DECODE_NV_ISSUE (the pair loop's issue and mask trims): the same, pairs and pair
+    # addresses on.
+    pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE")
+    if var == "KVKIT_DECODE_NV_ISSUE":
+        monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
     if not pairs:
         # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
@@ -1348,6 +1352,74 @@ def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, g
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=17 + group + head_dim)  # fmt: skip
+# --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_NV_ISSUE)
+# On top of pair addresses (pinned on): tile ia + 1's rows from tile ia's stage address,
+# issue_pair's common pair (both pages good, pages of <= 64 tokens) behind one test with t16
+# and the stages' address held, the pair's two tiles fully visible tested once (the per-tile
+# mask blocks behind it). The same loads, copies and float operations: the same bits as 0.
+# Under KVKIT_ARCH=sm_80 / sm_89 (no pair loop) both values build the same code.
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (4, 2), (2, 4)])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_nv_issue_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                           monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV_ISSUE=1 against 0, bit for bit, on test_pair_addr_matches_the_build_
+    before's cases: ragged ends (pairs whose second tile, or one warp's page, is missing: the
+    general issue path), pages of 128 tokens (the general path every pair), a window and
+    causal q_len > 1 (pairs not fully visible: the per-tile masks), 1 and 3 splits."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 2)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (4, 2, 90), (8, 1, 5)])
+def test_nv_issue_at_head_dim_64(cp, name, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 (another stage size: the second tile's row immediates)."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window, seed=10 + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_nv_issue_refills_the_page_windows(cp, block_size, window, monkeypatch):
+    """Splits of 70 and 33 tiles (page-window refills between pairs, an odd last tile; the
+    window start mid-split: pairs before it masked, after it fully visible), bit for bit
+    against 0."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case("nvfp4", head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + 6)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_nv_issue_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree: a pair with one bad page takes the
+    general issue path and its tile's masks) under KVKIT_DECODE_NV_ISSUE=1 and 0: the same
+    flag, the same outputs bit for bit."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 2, monkeypatch,
+                           "KVKIT_DECODE_NV_ISSUE")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
+def test_nv_issue_matches_float64_at_every_split_count(cp, name, group, q_len, monkeypatch):
+    """Under KVKIT_DECODE_NV_ISSUE=1, every split count within DECODE_GPU_RTOL of float64 and
+    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    monkeypatch.setenv("KVKIT_DECODE_NV_ISSUE", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")  # (short splits too, split_builds.py)
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=14 + group)  # fmt: skip
     check_against_reference(case)
 
 
