@@ -1352,6 +1352,9 @@ def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, g
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=17 + group + head_dim)  # fmt: skip
+    check_against_reference(case)
+
+
 # --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_NV_ISSUE)
 # On top of pair addresses (pinned on): tile ia + 1's rows from tile ia's stage address,
 # issue_pair's common pair (both pages good, pages of <= 64 tokens) behind one test with t16
