@@ -231,14 +231,19 @@
 #else
 #define KVD_PAIR_ADDR 0
 #endif
-// NVFP4 pair issue trims (default 0, the build before; KVKIT_DECODE_NV_ISSUE=1, kvkit/cuda/
-// decode.py, for A/B builds): on top of KVD_PAIR_ADDR, instruction cuts in the pair loop that
-// keep every load, copy and float operation (decode_mma_pairs.cuh and KvTilePipe::issue_pair
-// say which): the same bits. benchmarks/NOTES.md "nv16" has the static counts.
+// NVFP4 pair issue trims (KVKIT_DECODE_NV_ISSUE=0 / 1, kvkit/cuda/decode.py, for A/B builds):
+// on top of KVD_PAIR_ADDR, instruction cuts in the pair loop that keep every load, copy and
+// float operation (decode_mma_pairs.cuh and KvTilePipe::issue_pair say which): the same bits.
+// The default is the family's (KV_NV_ISSUE_DEFAULT): 1 for NVFP4 (decode_nvfp4.cu), 0 for the
+// others, whose pair loops these cuts were not written for. benchmarks/NOTES.md "nv16" has
+// the static counts, "v16" the timings.
+#ifndef KV_NV_ISSUE_DEFAULT
+#define KV_NV_ISSUE_DEFAULT 0
+#endif
 #if defined(KVKIT_DECODE_NV_ISSUE)
 #define KVD_NV_ISSUE_ON KVKIT_DECODE_NV_ISSUE
 #else
-#define KVD_NV_ISSUE_ON 0
+#define KVD_NV_ISSUE_ON KV_NV_ISSUE_DEFAULT
 #endif
 #define KVD_NV_ISSUE (KVD_PAIR_ADDR && KVD_NV_ISSUE_ON)
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the

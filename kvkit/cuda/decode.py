@@ -84,11 +84,11 @@ shared stage and destination arithmetic); the same loads of the same bytes, so t
 (A/B runs). Unset, each family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256
 (measured 1% slower there).
 ``KVKIT_DECODE_NV_ISSUE=0`` / ``1`` (NVFP4 with pair addresses, head_dim 64 and 128 on sm_90 /
-sm_100): as before (the default) / the tile pair's second stage and its row addresses as
+sm_100): as before / the tile pair's second stage and its row addresses as
 offsets from the first (one stage address per pair), the common pair's copies (both pages
 good, pages of <= 64 tokens) issued behind one test, and a pair whose two tiles are fully
 visible tested once (the per-tile masks skipped behind it); the same loads of the same bytes,
-the same copies and the same float operations, so the same bits (A/B runs).
+the same copies and the same float operations, so the same bits (A/B runs). Unset: 1.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -377,7 +377,7 @@ _FAMILY_SWITCHES = (
     # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4", "turboquant")),
     # NVFP4's tile-pair loop with pair addresses: instruction cuts that keep every load, copy
-    # and float operation (1), or as before (0, the default) (decode_core.cuh KVD_NV_ISSUE).
+    # and float operation (1, the default), or as before (0) (decode_core.cuh KVD_NV_ISSUE).
     ("KVKIT_DECODE_NV_ISSUE", ("0", "1"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
