@@ -119,8 +119,8 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
         const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
 #endif
-#if KVD_NV_ISSUE
-        // (KVD_NV_ISSUE) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+#if KVD_PAIR_TRIMS
+        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
         // its rows are immediates from the same registers. stage(ia + 1) as its own
         // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
         // per row, per tile. The same addresses.
@@ -131,7 +131,7 @@ if (pipe.slabs) {
             whp[h] = pipe.warp_has_page_at(h);
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             const unsigned char* s = sp + h * kvd::STAGE_BYTES;
 #else
             const unsigned char* s = pipe.stage(ia + h);
@@ -244,13 +244,13 @@ if (pipe.slabs) {
 
         // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
         // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
         auto tile_full = [&](int h) {
             return !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
                    (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
                    (window <= 0 || t0[h] >= seq_len - window) && whp[h];
         };
-        // (KVD_NV_ISSUE) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
+        // (KVD_PAIR_TRIMS) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
         // 1's range and causal tests imply tile 0's, tile 0's window test tile 1's): then
         // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
         // operand zeroing), which run only for a tile that is not full, are skipped behind
@@ -285,12 +285,12 @@ if (pipe.slabs) {
             }
         }
         bool ok[2][2] = {{true, true}, {true, true}};
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
         if (!full2) {
 #endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             full[h] = tile_full(h);  // (only here and in the PV block's twin below)
 #endif
             if (!full[h]) {
@@ -315,7 +315,7 @@ if (pipe.slabs) {
                 }
             }
         }
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
         }
 #endif
         float alpha[NR][2];
@@ -408,7 +408,7 @@ if (pipe.slabs) {
         unsigned vraw[2][4][KV_MMA_VRAW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             const unsigned char* s = sp + h * kvd::STAGE_BYTES;  // (as the scores' rows)
 #else
             const unsigned char* s = pipe.stage(ia + h);
@@ -432,7 +432,7 @@ if (pipe.slabs) {
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             if (!full2) {
             full[h] = tile_full(h);
 #endif
@@ -446,7 +446,7 @@ if (pipe.slabs) {
                     }
                 }
             }
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             }
 #endif
 #endif
