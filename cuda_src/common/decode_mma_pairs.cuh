@@ -335,7 +335,13 @@ if (pipe.slabs) {
             asm volatile("mov.b32 %0, %1;" : "=r"(io) : "r"(ia));
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+#if KVD_PAIR_TRIMS
+                // (KVD_PAIR_TRIMS) As the scores' rows: one stage address, tile 1's rows as
+                // immediates off it (io opaque still, so the rows are rebuilt, not held).
+                const unsigned char* s = pipe.stage(io) + h * kvd::STAGE_BYTES;
+#else
                 const unsigned char* s = pipe.stage(io + h);
+#endif
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
