@@ -286,6 +286,11 @@ if (pipe.slabs) {
         }
         bool ok[2][2] = {{true, true}, {true, true}};
 #if KVD_PAIR_TRIMS
+        // (KVD_PAIR_TRIMS) ok's four flags as bits of one word past the mask block (value
+        // codes' scale and zero reads, kv_mma_vtok, below): as four bools merged from the two
+        // sides of !full2, ptxas kept them as bytes (four moves, then a sign-extending PRMT
+        // and a test each). Unused by NVFP4's loop (its PV block tests full[h] again).
+        unsigned okm = 15u;
         if (!full2) {
 #endif
 #pragma unroll
@@ -316,6 +321,8 @@ if (pipe.slabs) {
             }
         }
 #if KVD_PAIR_TRIMS
+        okm = (ok[0][0] ? 1u : 0u) | (ok[0][1] ? 2u : 0u) | (ok[1][0] ? 4u : 0u) |
+              (ok[1][1] ? 8u : 0u);
         }
 #endif
         float alpha[NR][2];
@@ -359,7 +366,12 @@ if (pipe.slabs) {
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 float sc_t = 0.f, z_t = 0.f;
-                if (ok[h][tt]) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
+#if KVD_PAIR_TRIMS
+                const bool okt = (okm >> (2 * h + tt)) & 1u;
+#else
+                const bool okt = ok[h][tt];
+#endif
+                if (okt) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
                 vs[h][tt] = sc_t;
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
