@@ -1355,7 +1355,7 @@ def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, g
     check_against_reference(case)
 
 
-# --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_NV_ISSUE)
+# --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_PAIR_TRIMS)
 # On top of pair addresses (pinned on): tile ia + 1's rows from tile ia's stage address,
 # issue_pair's common pair (both pages good, pages of <= 64 tokens) behind one test with t16
 # and the stages' address held, the pair's two tiles fully visible tested once (the per-tile
