@@ -234,9 +234,9 @@
 // NVFP4 pair issue trims (KVKIT_DECODE_NV_ISSUE=0 / 1, kvkit/cuda/decode.py, for A/B builds):
 // on top of KVD_PAIR_ADDR, instruction cuts in the pair loop that keep every load, copy and
 // float operation (decode_mma_pairs.cuh and KvTilePipe::issue_pair say which): the same bits.
-// The default is the family's (KV_NV_ISSUE_DEFAULT): 1 for NVFP4 (decode_nvfp4.cu), 0 for the
-// others, whose pair loops these cuts were not written for. benchmarks/NOTES.md "nv16" has
-// the static counts, "v16" the timings.
+// The default is the family's (KV_NV_ISSUE_DEFAULT): 1 for NVFP4 (decode_nvfp4.cu).
+// TurboQuant's pair loop has its own switch (below). benchmarks/NOTES.md "nv16" has the static
+// counts, "v16" the timings.
 #ifndef KV_NV_ISSUE_DEFAULT
 #define KV_NV_ISSUE_DEFAULT 0
 #endif
@@ -245,7 +245,22 @@
 #else
 #define KVD_NV_ISSUE_ON KV_NV_ISSUE_DEFAULT
 #endif
-#define KVD_NV_ISSUE (KVD_PAIR_ADDR && KVD_NV_ISSUE_ON)
+// TurboQuant pair issue trims (default 0, the build before; KVKIT_DECODE_TQ_ISSUE=1, kvkit/
+// cuda/decode.py, for A/B builds): the same cuts in the codebook presets' pair loop (lane
+// offsets of one-row slots, KV_MMA_LANE_SLOT); the same bits. benchmarks/NOTES.md "tq16".
+#if defined(KVKIT_DECODE_TQ_ISSUE)
+#define KVD_TQ_ISSUE_ON KVKIT_DECODE_TQ_ISSUE
+#else
+#define KVD_TQ_ISSUE_ON 0
+#endif
+// The pair loop's one condition for either family's trims (decode_mma_pairs.cuh,
+// KvTilePipe::issue_pair): each family has its own switch, so that an A/B run of one leaves
+// the other's builds as they were.
+#if defined(KV_MMA_LANE_SLOT)
+#define KVD_PAIR_TRIMS (KVD_PAIR_ADDR && KVD_TQ_ISSUE_ON)
+#else
+#define KVD_PAIR_TRIMS (KVD_PAIR_ADDR && KVD_NV_ISSUE_ON)
+#endif
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -1066,8 +1081,8 @@ struct KvTilePipe {
     // (prepare_slabs), as the copy engine's uniform operands would otherwise be rebuilt from
     // the kernel parameters every tile (~11 uniform instructions per plane).
     unsigned long long sbase[4];
-#if KVD_NV_ISSUE
-    // (KVD_NV_ISSUE) The warp's first token in a tile, 16 w, shuffled from lane 0 once
+#if KVD_PAIR_TRIMS
+    // (KVD_PAIR_TRIMS) The warp's first token in a tile, 16 w, shuffled from lane 0 once
     // (prepare_slabs; issue_pair shuffled it every pair), or -1 for pages of more than TILE
     // tokens, so that issue_pair's common-pair test is one OR of it and the two pages; and
     // the stages' shared-window address (issue_pair converted stg every pair).
@@ -1164,7 +1179,7 @@ struct KvTilePipe {
     __device__ __forceinline__ bool warp_has_page_at(int k) const {
         return (pg_bits >> (kvd::STAGES - 1 - k)) & 1u;
     }
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
     // warp_has_page_at(0) && warp_has_page_at(1) as one mask test (the pair loop's full2).
     __device__ __forceinline__ bool warp_has_pages_01() const {
         constexpr unsigned M = 3u << (kvd::STAGES - 2);
@@ -1284,7 +1299,7 @@ struct KvTilePipe {
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
         const int off = block_size <= kvd::TILE ? (t16 & (block_size - 1)) : t16;
         sbase[0] = sbase[1] = sbase[2] = sbase[3] = 0;
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
         t16w = block_size <= kvd::TILE ? t16 : -1;
         stg_sa = kv_smem_addr(stg);
 #endif
@@ -1358,14 +1373,14 @@ struct KvTilePipe {
         pg_bits <<= 2;
         if (j >= n_tiles) return;
         const bool two = j + 1 < n_tiles;
-#if !KVD_NV_ISSUE
+#if !KVD_PAIR_TRIMS
         const int t16 = __shfl_sync(0xffffffffu, (int)(16 * (threadIdx.x / KV_WARP)), 0);
 #endif
         const int pg0 = warp_page(j);
         // (-1 past n_tiles: window_check's live() test; tile j + 1 is in tile j's window.)
         const int pg1 = warp_page(j + 1);
-#if KVD_NV_ISSUE
-        // (KVD_NV_ISSUE) The common pair: both pages good (so j + 1 < n_tiles: pg1 is -1
+#if KVD_PAIR_TRIMS
+        // (KVD_PAIR_TRIMS) The common pair: both pages good (so j + 1 < n_tiles: pg1 is -1
         // past n_tiles) in pages of <= TILE tokens (t16w >= 0). One test instead of the
         // general path's five (two, each page, either page, the page size), and the page bits
         // and the announced bytes as constants: the same arrivals, fence and copies in the

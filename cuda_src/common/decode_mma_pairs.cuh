@@ -119,8 +119,8 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
         const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
 #endif
-#if KVD_NV_ISSUE
-        // (KVD_NV_ISSUE) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+#if KVD_PAIR_TRIMS
+        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
         // its rows are immediates from the same registers. stage(ia + 1) as its own
         // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
         // per row, per tile. The same addresses.
@@ -131,7 +131,7 @@ if (pipe.slabs) {
             whp[h] = pipe.warp_has_page_at(h);
             t0[h] = pipe.first_token(ia + h);
             n_tile[h] = pipe.tile_tokens(ia + h);
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             const unsigned char* s = sp + h * kvd::STAGE_BYTES;
 #else
             const unsigned char* s = pipe.stage(ia + h);
@@ -244,13 +244,13 @@ if (pipe.slabs) {
 
         // (b2) pair softmax: masks per tile as in the single-tile body (its comment (b)), then
         // one online-softmax step over the thread's 4 tokens and the 8 lanes sharing c.
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
         auto tile_full = [&](int h) {
             return !KVD_MASK_ALL && t0[h] + TILE <= pipe.t_hi &&
                    (QL == 1 || t0[h] + (TILE - 1) <= seq_len - QL) &&
                    (window <= 0 || t0[h] >= seq_len - window) && whp[h];
         };
-        // (KVD_NV_ISSUE) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
+        // (KVD_PAIR_TRIMS) Both tiles fully visible, tested once (t0[1] = t0[0] + TILE: tile
         // 1's range and causal tests imply tile 0's, tile 0's window test tile 1's): then
         // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
         // operand zeroing), which run only for a tile that is not full, are skipped behind
@@ -285,12 +285,17 @@ if (pipe.slabs) {
             }
         }
         bool ok[2][2] = {{true, true}, {true, true}};
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
+        // (KVD_PAIR_TRIMS) ok's four flags as bits of one word past the mask block (value
+        // codes' scale and zero reads, kv_mma_vtok, below): as four bools merged from the two
+        // sides of !full2, ptxas kept them as bytes (four moves, then a sign-extending PRMT
+        // and a test each). Unused by NVFP4's loop (its PV block tests full[h] again).
+        unsigned okm = 15u;
         if (!full2) {
 #endif
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             full[h] = tile_full(h);  // (only here and in the PV block's twin below)
 #endif
             if (!full[h]) {
@@ -315,7 +320,9 @@ if (pipe.slabs) {
                 }
             }
         }
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
+        okm = (ok[0][0] ? 1u : 0u) | (ok[0][1] ? 2u : 0u) | (ok[1][0] ? 4u : 0u) |
+              (ok[1][1] ? 8u : 0u);
         }
 #endif
         float alpha[NR][2];
@@ -335,7 +342,13 @@ if (pipe.slabs) {
             asm volatile("mov.b32 %0, %1;" : "=r"(io) : "r"(ia));
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
+#if KVD_PAIR_TRIMS
+                // (KVD_PAIR_TRIMS) As the scores' rows: one stage address, tile 1's rows as
+                // immediates off it (io opaque still, so the rows are rebuilt, not held).
+                const unsigned char* s = pipe.stage(io) + h * kvd::STAGE_BYTES;
+#else
                 const unsigned char* s = pipe.stage(io + h);
+#endif
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
@@ -353,7 +366,12 @@ if (pipe.slabs) {
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 float sc_t = 0.f, z_t = 0.f;
-                if (ok[h][tt]) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
+#if KVD_PAIR_TRIMS
+                const bool okt = (okm >> (2 * h + tt)) & 1u;
+#else
+                const bool okt = ok[h][tt];
+#endif
+                if (okt) kv_mma_vtok(kv[h][tt], &sc_t, &z_t);
                 vs[h][tt] = sc_t;
 #pragma unroll
                 for (int nr = 0; nr < NR; ++nr) {
@@ -408,7 +426,7 @@ if (pipe.slabs) {
         unsigned vraw[2][4][KV_MMA_VRAW];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             const unsigned char* s = sp + h * kvd::STAGE_BYTES;  // (as the scores' rows)
 #else
             const unsigned char* s = pipe.stage(ia + h);
@@ -432,7 +450,7 @@ if (pipe.slabs) {
             }
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             if (!full2) {
             full[h] = tile_full(h);
 #endif
@@ -446,7 +464,7 @@ if (pipe.slabs) {
                     }
                 }
             }
-#if KVD_NV_ISSUE
+#if KVD_PAIR_TRIMS
             }
 #endif
 #endif

@@ -496,10 +496,10 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     pairs = var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
-    # KVKIT_DECODE_NV_ISSUE (the pair loop's issue and mask trims): the same, pairs and pair
-    # addresses on.
-    pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE")
-    if var == "KVKIT_DECODE_NV_ISSUE":
+    # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
+    # the same, pairs and pair addresses on.
+    pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE")
+    if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
     if not pairs:
@@ -1355,7 +1355,7 @@ def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, g
     check_against_reference(case)
 
 
-# --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_NV_ISSUE)
+# --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_PAIR_TRIMS)
 # On top of pair addresses (pinned on): tile ia + 1's rows from tile ia's stage address,
 # issue_pair's common pair (both pages good, pages of <= 64 tokens) behind one test with t16
 # and the stages' address held, the pair's two tiles fully visible tested once (the per-tile
@@ -1423,6 +1423,84 @@ def test_nv_issue_matches_float64_at_every_split_count(cp, name, group, q_len, m
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=14 + group)  # fmt: skip
+    check_against_reference(case)
+
+
+# --- the same trims in TurboQuant's pair loop (KVKIT_DECODE_TQ_ISSUE, KVD_PAIR_TRIMS) ---------
+# The codebook presets with pair addresses (pinned on; 3bit_nc at head_dim 256 defaults them
+# off): the NVFP4 trims above (one stage address per pair, the value scale and zero's rows
+# too; the common pair's issue behind one test; full2 before the softmax masks, the only
+# per-tile mask block of value codes). The same loads, copies and float operations: the same
+# bits as 0. Under KVKIT_ARCH=sm_80 / sm_89 (no pair loop) both values build the same code.
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (1, 4)])
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_tq_issue_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                           monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_TQ_ISSUE=1 against 0 at head_dim 128, bit for bit: ragged ends (a pair's
+    missing second tile or one warp's page: the general issue path), pages of 128 tokens (the
+    general path every pair), a window and causal q_len 4 (pairs not fully visible: the
+    per-tile masks), 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 4)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len, window",
+                         [(64, 4, 1, None), (64, 8, 1, 5), (256, 4, 1, None),
+                          (256, 2, 2, 70)])  # fmt: skip
+def test_tq_issue_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window,
+                                          monkeypatch):  # fmt: skip
+    """The same at head_dim 64 (8 rows; other stage sizes: the second tile's row immediates)
+    and 256 (the pair loop's kv_pair_scores; 3bit_nc with pair addresses pinned on)."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=head_dim + group + q_len + 1)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq_issue_refills_the_page_windows(cp, name, block_size, monkeypatch):
+    """Splits of 70 and 33 tiles (page-window refills between pairs, an odd last tile), with
+    and without a window starting mid-split, bit for bit against 0."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    for window in (None, 2500):
+        case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                    seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                    seed=block_size + 8)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_ISSUE", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq_issue_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """TurboQuant with bad block-table entries (assert_bad_pages_agree: a pair with one bad
+    page takes the general issue path and its tile's masks) under KVKIT_DECODE_TQ_ISSUE=1 and
+    0: the same flag, the same outputs bit for bit."""
+    assert_bad_pages_agree(name, block_size, block_size + 5, monkeypatch,
+                           "KVKIT_DECODE_TQ_ISSUE")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2)])
+def test_tq_issue_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
+                                                       monkeypatch):  # fmt: skip
+    """Under KVKIT_DECODE_TQ_ISSUE=1, every split count within DECODE_GPU_RTOL of float64 and
+    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TQ_ISSUE", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")  # (short splits too, split_builds.py)
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=19 + group + head_dim)  # fmt: skip
     check_against_reference(case)
 
 
