@@ -245,13 +245,16 @@
 #else
 #define KVD_NV_ISSUE_ON KV_NV_ISSUE_DEFAULT
 #endif
-// TurboQuant pair issue trims (default 0, the build before; KVKIT_DECODE_TQ_ISSUE=1, kvkit/
-// cuda/decode.py, for A/B builds): the same cuts in the codebook presets' pair loop (lane
-// offsets of one-row slots, KV_MMA_LANE_SLOT); the same bits. benchmarks/NOTES.md "tq16".
+// TurboQuant pair issue trims (KVKIT_DECODE_TQ_ISSUE=0 / 1, kvkit/cuda/decode.py, for A/B
+// builds): the same cuts in the codebook presets' pair loop (lane offsets of one-row slots,
+// KV_MMA_LANE_SLOT); the same bits. Default 1: measured on the H200 (session 16, call 2; graph
+// ms, 0 / 0 -> 1 / 1) 4bit_nc (64, 8192) 0.2477 / 0.2499 -> 0.2402 / 0.2398, (1, 131072) 0.0731
+// / 0.0734 -> 0.0720 / 0.0713, D = 64 -4%, D = 256 -2%; 3bit_nc and k3v4_nc -2 to -4%, k3v4 at
+// D = 256 -5.5%. benchmarks/NOTES.md "tq16" has the static counts.
 #if defined(KVKIT_DECODE_TQ_ISSUE)
 #define KVD_TQ_ISSUE_ON KVKIT_DECODE_TQ_ISSUE
 #else
-#define KVD_TQ_ISSUE_ON 0
+#define KVD_TQ_ISSUE_ON 1
 #endif
 // The pair loop's one condition for either family's trims (decode_mma_pairs.cuh,
 // KvTilePipe::issue_pair): each family has its own switch, so that an A/B run of one leaves

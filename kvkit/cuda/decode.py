@@ -91,8 +91,8 @@ visible tested once (the per-tile masks skipped behind it); the same loads of th
 the same copies and the same float operations, so the same bits (A/B runs). Unset: 1.
 ``KVKIT_DECODE_TQ_ISSUE=0`` / ``1``: the same for TurboQuant's codebook presets
 (turboquant_4bit_nc, _3bit_nc, _k3v4_nc with pair addresses, head_dim 64, 128 and 256 on sm_90
-/ sm_100; the value scale and zero's rows from the one stage address too): as before (the
-default) / trimmed, the same bits (A/B runs).
+/ sm_100; the value scale and zero's rows from the one stage address too): as before /
+trimmed (the default), the same bits (A/B runs).
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -383,8 +383,8 @@ _FAMILY_SWITCHES = (
     # NVFP4's tile-pair loop with pair addresses: instruction cuts that keep every load, copy
     # and float operation (1, the default), or as before (0) (decode_core.cuh KVD_PAIR_TRIMS).
     ("KVKIT_DECODE_NV_ISSUE", ("0", "1"), ("nvfp4",)),
-    # The same trims in TurboQuant's codebook presets' tile-pair loop with pair addresses (1),
-    # or as before (0, the default) (decode_core.cuh KVD_PAIR_TRIMS).
+    # The same trims in TurboQuant's codebook presets' tile-pair loop with pair addresses (1,
+    # the default), or as before (0) (decode_core.cuh KVD_PAIR_TRIMS).
     ("KVKIT_DECODE_TQ_ISSUE", ("0", "1"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.

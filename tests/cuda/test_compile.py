@@ -208,9 +208,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # row offsets (KVKIT_DECODE_PAIR_ADDR, default 1), at 4 x 2 and 16 x 1 at head_dim 128 and
     # 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0,
     # for A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
-    # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue1": the same trims in
-    # TurboQuant's codebook presets' pair loop (KVKIT_DECODE_TQ_ISSUE=1, A/B runs; at the
-    # pair-address shapes).
+    # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue0": the same without
+    # TurboQuant's trims (KVKIT_DECODE_TQ_ISSUE=0, A/B runs; default 1).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -228,7 +227,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "pairs0": ("KVKIT_DECODE_TILE_PAIRS", "0"),
         "pairaddr0": ("KVKIT_DECODE_PAIR_ADDR", "0"),
         "nvissue0": ("KVKIT_DECODE_NV_ISSUE", "0"),
-        "tqissue1": ("KVKIT_DECODE_TQ_ISSUE", "1"),
+        "tqissue0": ("KVKIT_DECODE_TQ_ISSUE", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -238,13 +237,12 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "nvfp4-rows8", "nvfp4-slabs64", "nvfp4-cp64", "nvfp4-pairs0",
                  "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr0",
                  "turboquant_4bit_nc-pairaddr0", "nvfp4-nvissue0",
-                 "turboquant_4bit_nc-tqissue1", "turboquant_3bit_nc-tqissue1",
-                 "turboquant_k3v4_nc-tqissue1"):  # fmt: skip
+                 "turboquant_4bit_nc-tqissue0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
-        if (not switch and name in ("nvfp4", "turboquant_4bit_nc")) or switch == "tqissue1":
+        if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
                        (8, 1, 64, "0"))  # fmt: skip
         for group, q_len, d, q_dtype in shapes:
