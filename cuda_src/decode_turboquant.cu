@@ -425,6 +425,12 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // at (32, 4096) D = 256 (H200, session 16; benchmarks/NOTES.md d3) has 3bit executing 163
 // more warp instructions per tile pair than 4bit_nc (2071 vs 1908); the static walk puts
 // +108 of them in the value unpacking (kv_mma_vpair 236 vs 128 per pair).
+// 2: that, and 3bit_nc's bank-friendly token order (KVKIT_DECODE_TQ_TOKEN_ORDER=1's, below)
+// with the tile pairs' lane offsets (KVKIT_DECODE_PAIR_ADDR, otherwise off for 3bit_nc at
+// D = 256): 3bit_nc's staged key and value word loads run 4-way bank conflicts (60 of its
+// LDS per pair at 4 wavefronts for 1, 505 wavefronts per pair against 4bit_nc's 377 under
+// Nsight Compute); the order cuts the model's 130 to 102 per warp-tile. Another float32
+// order (which lane sums which token): not bit for bit with 0.
 #ifndef KVKIT_DECODE_TQ3_256
 #define KVKIT_DECODE_TQ3_256 0
 #endif
@@ -524,7 +530,8 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // 0.1438 / 0.1434 -> 0.1454 / 0.1447 (+1%), which keeps the build before.
 #define KV_MMA_LANE_OFFS 1
 #define KV_MMA_LANE_SLOT 1
-#if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256
+// (KVKIT_DECODE_TQ3_256=2 takes them there too, for its token order: below.)
+#if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256 && KVKIT_DECODE_TQ3_256 < 2
 #define KV_PAIR_ADDR_DEFAULT 0
 #endif
 __device__ __forceinline__ int kv_mma_klane(int, int c) { return KV_TQ_RUN_BYTES * c; }
@@ -708,8 +715,13 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #ifndef KVKIT_DECODE_TQ_TOKEN_ORDER
 #define KVKIT_DECODE_TQ_TOKEN_ORDER 0
 #endif
+// KVKIT_DECODE_TQ3_256=2 (above) takes 3bit_nc's order with the pair addresses: the tile
+// pairs' ~30 extra instructions per warp-tile for the order came from row offsets rebuilt per
+// pair, which the lane offsets of KVD_PAIR_ADDR hold instead (static walk, sm_90, 4 x 1, with
+// the value windows: 1779 per pair in order without pair addresses, 1790 with them, 1790 with
+// them and the order, 1852 with the order alone), against 28 fewer wavefronts per warp-tile.
 #if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
-    KVKIT_DECODE_TQ_TOKEN_ORDER >= 1
+    (KVKIT_DECODE_TQ_TOKEN_ORDER >= 1 || KVKIT_DECODE_TQ3_256 >= 2)
 // a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
 #define KV_MMA_TOKEN_A 0x9810u
 #define KV_MMA_TOKEN_B 2
