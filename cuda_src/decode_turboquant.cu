@@ -430,7 +430,8 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // D = 256): 3bit_nc's staged key and value word loads run 4-way bank conflicts (60 of its
 // LDS per pair at 4 wavefronts for 1, 505 wavefronts per pair against 4bit_nc's 377 under
 // Nsight Compute); the order cuts the model's 130 to 102 per warp-tile. Another float32
-// order (which lane sums which token): not bit for bit with 0.
+// order (which lane sums which token): not bit for bit with 0. KVKIT_DECODE_TQ3=1 (the halves
+// plan's 2-byte loads) wins over 1's windows; 2's order and pair addresses still apply.
 #ifndef KVKIT_DECODE_TQ3_256
 #define KVKIT_DECODE_TQ3_256 0
 #endif
