@@ -415,6 +415,28 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
     (TQ_VALUE_BITS == 3 && (KV_HEAD_DIM <= 128 || KVKIT_DECODE_TQ3) && \
      ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
 #define KV_TQ_V_WORD (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 64)
+// -DKVKIT_DECODE_TQ3_256 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// unpacks 3-bit values at D = 256 by the halves plan's windows (kv_tq_vplan) cut from the
+// packed words ("windows on words"): the loads stay kv_tq_load_words' 4 word loads per token
+// (the halves plan's 6 two-byte loads per token took 104 value wavefronts per tile where the
+// words take 72, session 12), and the unpacking drops from 16 code pairs of two shifts and a
+// merge per token pair to 11 windows (one byte permute each) and 12 shifts. The same bf16
+// operands, so the same scores and sums, bit for bit. Why: Nsight Compute of turboquant_3bit_nc
+// at (32, 4096) D = 256 (H200, session 16; benchmarks/NOTES.md d3) has 3bit executing 163
+// more warp instructions per tile pair than 4bit_nc (2071 vs 1908); the static walk puts
+// +108 of them in the value unpacking (kv_mma_vpair 236 vs 128 per pair).
+// 2: that, and 3bit_nc's bank-friendly token order (KVKIT_DECODE_TQ_TOKEN_ORDER=1's, below)
+// with the tile pairs' lane offsets (KVKIT_DECODE_PAIR_ADDR, otherwise off for 3bit_nc at
+// D = 256): 3bit_nc's staged key and value word loads run 4-way bank conflicts (60 of its
+// LDS per pair at 4 wavefronts for 1, 505 wavefronts per pair against 4bit_nc's 377 under
+// Nsight Compute); the order cuts the model's 130 to 102 per warp-tile. Another float32
+// order (which lane sums which token): not bit for bit with 0. KVKIT_DECODE_TQ3=1 (the halves
+// plan's 2-byte loads) wins over 1's windows; 2's order and pair addresses still apply.
+#ifndef KVKIT_DECODE_TQ3_256
+#define KVKIT_DECODE_TQ3_256 0
+#endif
+#define KV_TQ_V_WINS \
+    (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256 && KVKIT_DECODE_TQ3_256 && !KV_TQ_V_HALVES)
 #if KV_TQ_V_HALVES
 #define KV_MMA_VRAW ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS / 16)
 #elif KV_TQ_V_WORD
@@ -509,7 +531,8 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // 0.1438 / 0.1434 -> 0.1454 / 0.1447 (+1%), which keeps the build before.
 #define KV_MMA_LANE_OFFS 1
 #define KV_MMA_LANE_SLOT 1
-#if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256
+// (KVKIT_DECODE_TQ3_256=2 takes them there too, for its token order: below.)
+#if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256 && KVKIT_DECODE_TQ3_256 < 2
 #define KV_PAIR_ADDR_DEFAULT 0
 #endif
 __device__ __forceinline__ int kv_mma_klane(int, int c) { return KV_TQ_RUN_BYTES * c; }
@@ -519,7 +542,7 @@ __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows
     kv_mma_vload_t<true>(rows, g, raw);
 }
 #endif
-#if KV_TQ_V_HALVES || KV_TQ_V_WORD
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD || KV_TQ_V_WINS
 // 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits
 // t .. t + 15 of token a in its low half and of token b in its high half. Halves: one byte
 // permute of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring
@@ -531,8 +554,9 @@ __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows
 // the last whole window, run bits VB - 16 .. VB - 1): every code then sits at p <= 7 of its
 // window (the last, capped, at 13: one more shift). A run of 16 codes (D = 128) takes 5
 // windows and 6 shifts where per-pair shifts and merges took 24; 8 codes (D = 64) 2 and 3
-// (4-bit codes: 4 byte permutes and 4 shifts); 32 codes (D = 256) would take 11 and 12, not
-// taken there (KV_TQ_V_HALVES).
+// (4-bit codes: 4 byte permutes and 4 shifts); 32 codes (D = 256) take 11 and 12, from
+// 16-bit units (KV_TQ_V_HALVES, KVKIT_DECODE_TQ3=1) or from packed words (KV_TQ_V_WINS,
+// KVKIT_DECODE_TQ3_256=1).
 // Returns (t, s, S) for code i: window, right shift, code bit in the shifted halves.
 struct KvTqVPlace {
     int t, s, S;
@@ -570,6 +594,19 @@ __device__ __forceinline__ unsigned kv_tq_vwin(const unsigned* ra, const unsigne
     static_assert(T == 0 || T == 8, "window inside the 24-bit run");
     // run bytes T / 8, T / 8 + 1 of a (low half) and of b (high half)
     return __byte_perm(ra[0], rb[0], T == 0 ? 0x5410 : 0x6521);
+#elif KV_TQ_V_WINS
+    // Packed words (raw[i] = run bits 32 i .. 32 i + 31): a window inside one word is one byte
+    // permute of the two tokens' words (run bytes T / 8, T / 8 + 1 at bytes T % 32 / 8 and
+    // one up); one across two words (T % 32 == 24) joins the windows either side as the
+    // halves plan does (they are the windows of codes nearby, so mostly built anyway).
+    static_assert(T % 8 == 0 && T >= 0 && T + 16 <= 32 * KV_MMA_VRAW, "window inside the run");
+    constexpr int o = (T % 32) / 8;  // the window's first byte in word T / 32
+    if constexpr (o < 3) {
+        return __byte_perm(ra[T / 32], rb[T / 32], (o | ((o + 1) << 4) | ((o + 4) << 8) |
+                                                   ((o + 5) << 12)));
+    } else {
+        return __byte_perm(kv_tq_vwin<T - 8>(ra, rb), kv_tq_vwin<T + 8>(ra, rb), 0x6341);
+    }
 #else
     static_assert(T % 8 == 0 && T >= 0 && T + 16 <= 16 * KV_MMA_VRAW, "window inside the run");
     if constexpr (T % 16 == 0) {
@@ -609,7 +646,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
                                              unsigned* w0, unsigned* w1) {
     constexpr int B = TQ_VALUE_BITS;
     constexpr unsigned MM = ((1u << B) - 1u) * 0x00010001u;
-#if KV_TQ_V_HALVES || KV_TQ_V_WORD
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD || KV_TQ_V_WINS
     (void)MM;
     kv_tq_vpair_h(ra, rb, j, w0, w1);
 #else
@@ -679,8 +716,13 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #ifndef KVKIT_DECODE_TQ_TOKEN_ORDER
 #define KVKIT_DECODE_TQ_TOKEN_ORDER 0
 #endif
+// KVKIT_DECODE_TQ3_256=2 (above) takes 3bit_nc's order with the pair addresses: the tile
+// pairs' ~30 extra instructions per warp-tile for the order came from row offsets rebuilt per
+// pair, which the lane offsets of KVD_PAIR_ADDR hold instead (static walk, sm_90, 4 x 1, with
+// the value windows: 1779 per pair in order without pair addresses, 1790 with them, 1790 with
+// them and the order, 1852 with the order alone), against 28 fewer wavefronts per warp-tile.
 #if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
-    KVKIT_DECODE_TQ_TOKEN_ORDER >= 1
+    (KVKIT_DECODE_TQ_TOKEN_ORDER >= 1 || KVKIT_DECODE_TQ3_256 >= 2)
 // a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
 #define KV_MMA_TOKEN_A 0x9810u
 #define KV_MMA_TOKEN_B 2

@@ -93,6 +93,13 @@ the same copies and the same float operations, so the same bits (A/B runs). Unse
 (turboquant_4bit_nc, _3bit_nc, _k3v4_nc with pair addresses, head_dim 64, 128 and 256 on sm_90
 / sm_100; the value scale and zero's rows from the one stage address too): as before /
 trimmed (the default), the same bits (A/B runs).
+``KVKIT_DECODE_TQ3_256=0`` / ``1`` / ``2`` (TurboQuant, 3-bit values at head_dim 256, the
+tensor-core stage 1): as before / the 3-bit value codes cut from the packed words by byte
+windows (the halves plan's, not one shift-and-merge per code pair; the same loads and the same
+bf16 operands, so the same bits) / that plus turboquant_3bit_nc's bank-friendly token order
+with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order with
+``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
+same attention). A/B runs; unset: 0.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -386,6 +393,10 @@ _FAMILY_SWITCHES = (
     # The same trims in TurboQuant's codebook presets' tile-pair loop with pair addresses (1,
     # the default), or as before (0) (decode_core.cuh KVD_PAIR_TRIMS).
     ("KVKIT_DECODE_TQ_ISSUE", ("0", "1"), ("turboquant",)),
+    # TurboQuant's 3-bit values at head_dim 256 by byte windows of the packed words (1, same
+    # bits), and 3bit_nc's token order with pair addresses as well (2) (decode_turboquant.cu
+    # KV_TQ_V_WINS); unset: 0, as before.
+    ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

@@ -1722,3 +1722,75 @@ def test_turboquant_256_token_order_and_pairs_match_float64(cp, name, group, q_l
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=13 + group)  # fmt: skip
     check_against_reference(case)
+
+
+# --- 3-bit values at head_dim 256 (KVKIT_DECODE_TQ3_256, decode_turboquant.cu KV_TQ_V_WINS) ---
+# 1: the value codes cut from the packed words by the halves plan's byte windows (the same
+# word loads, the same bf16 operands): bit for bit against 0, in the tile pairs (<= 4 query
+# rows on sm_90 / sm_100) and the single-tile loop (8 rows, and every build through
+# KVKIT_ARCH=sm_80). 2: that plus 3bit_nc's token order (KVKIT_DECODE_TQ_TOKEN_ORDER=1's) with
+# the pair loop's lane offsets: which lane sums which token changes, so within float32
+# reassociation. Only 3bit_nc has 3-bit values; k3v4_nc (4-bit values) builds the same code
+# under every value. The order and pair-address switches are left unset (value 2 picks them).
+TQ3_256_CASES = [
+    # (group, q_len, block_size, window): pages below, at and above the 16-token tile, pairs
+    # (<= 4 rows) and the single-tile loop (8 rows), causal q_len > 1, a window.
+    (4, 1, 16, None), (4, 1, 64, 70), (4, 1, 128, None), (1, 1, 16, None), (1, 1, 128, 200),
+    (2, 2, 64, None), (1, 4, 16, 90), (2, 4, 128, None), (8, 1, 16, None), (8, 1, 64, 70),
+]  # fmt: skip
+
+
+def _tq3_256_env(monkeypatch):
+    for var in ("KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_PAIR_ADDR"):
+        monkeypatch.delenv(var, raising=False)
+
+
+@pytest.mark.parametrize("value, exact", [("1", "all"), ("2", "none")])
+@pytest.mark.parametrize("group, q_len, block_size, window", TQ3_256_CASES)
+def test_tq3_256_matches_the_build_before(cp, value, exact, group, q_len, block_size, window,
+                                          monkeypatch):  # fmt: skip
+    """turboquant_3bit_nc at head_dim 256, KVKIT_DECODE_TQ3_256=1 (bit for bit) and 2 (float32
+    reassociation) against 0: ragged lengths (partial and odd last tiles, warps without a page
+    in the last tile), 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    _tq3_256_env(monkeypatch)
+    case = Case("turboquant_3bit_nc", head_dim=256, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
+                window=window, seed=block_size + 3 * group + q_len + 11)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_256", value, "0", exact=exact)
+
+
+@pytest.mark.parametrize("value, exact", [("1", "all"), ("2", "none")])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_tq3_256_refills_the_page_windows(cp, value, exact, block_size, monkeypatch):
+    """Splits of 70 (even) and 33 (odd) tiles at head_dim 256 (page-window refills between
+    pairs), with and without a window, against 0."""
+    _tq3_256_env(monkeypatch)
+    for window in (None, 2500):
+        case = Case("turboquant_3bit_nc", head_dim=256, hkv=1, group=4, q_len=1,
+                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
+                    window=window, seed=block_size + 23)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_256", value, "0", exact=exact)
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+def test_tq3_256_leaves_k3v4_alone(cp, value, monkeypatch):
+    """k3v4_nc (4-bit values) at head_dim 256: the same code under every value, bit for bit."""
+    _tq3_256_env(monkeypatch)
+    case = Case("turboquant_k3v4_nc", head_dim=256, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None, seed=31)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_256", value, "0")
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1)])
+def test_tq3_256_matches_float64_at_every_split_count(cp, value, group, q_len, monkeypatch):
+    """turboquant_3bit_nc at head_dim 256 under KVKIT_DECODE_TQ3_256=1 / 2: every split count
+    (1, 3, MAX_SPLITS, the heuristic) within DECODE_GPU_RTOL of float64 and
+    SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    _tq3_256_env(monkeypatch)
+    monkeypatch.setenv("KVKIT_DECODE_TQ3_256", value)
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case("turboquant_3bit_nc", head_dim=256, hkv=2, group=group, q_len=q_len,
+                block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=19 + group + int(value))  # fmt: skip
+    check_against_reference(case)

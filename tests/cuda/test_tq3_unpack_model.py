@@ -7,7 +7,8 @@ Keys: lane c's run of D / 4 codes in KV_TQ_RUN_WORDS little-endian words; code E
 offset is UNIT(s) 128 + ((y & (7 << s)) | 4 lane) for the plan's word y and bit s, and the table
 copy s holds code c at unit UNIT(s) + c 2^(s - 7) (the four copies must not overlap).
 Values: lane group g's D / 8 codes, as 16-bit units per token (D = 128: three units; D = 256:
-six, the KVKIT_DECODE_TQ3 build's KV_TQ_V_HALVES; its =0 build keeps packed words) or, at
+six, the KVKIT_DECODE_TQ3 build's KV_TQ_V_HALVES; its =0 build keeps packed words, whose
+windows KVKIT_DECODE_TQ3_256=1 cuts by byte permutes of the words, KV_TQ_V_WINS) or, at
 D = 64, as one word joined from the two 2-byte units at the even byte below the run's byte
 3 g (the selector depends on g's parity); code i of tokens a (low half) and b (high half) is
 bf16 (((w >> s) & (7 << S) per half) | 0x4300) * 2^-S minus (2^(7 - S) + 4), for the window w
@@ -129,23 +130,33 @@ def _perm(x: int, y: int, sel: int) -> int:
     return sum(((src >> (8 * ((sel >> (4 * n)) & 7))) & 0xFF) << (8 * n) for n in range(4))
 
 
-def _window(ra: list[int], rb: list[int], t: int, word: bool) -> int:
+def _window(ra: list[int], rb: list[int], t: int, word: bool, wins: bool = False) -> int:
     if word:  # kv_tq_vwin, D = 64: one permute of the two tokens' words
         assert t in (0, 8)
         return _perm(ra[0], rb[0], 0x5410 if t == 0 else 0x6521)
-    if t % 16 == 0:
+    if wins:  # KV_TQ_V_WINS (D = 256, KVKIT_DECODE_TQ3_256): windows of packed words
+        o = (t % 32) // 8
+        if o < 3:
+            sel = o | ((o + 1) << 4) | ((o + 4) << 8) | ((o + 5) << 12)
+            return _perm(ra[t // 32], rb[t // 32], sel)
+    elif t % 16 == 0:
         return _perm(ra[t // 16], rb[t // 16], 0x5410)
-    return _perm(_window(ra, rb, t - 8, word), _window(ra, rb, t + 8, word), 0x6341)
+    return _perm(_window(ra, rb, t - 8, word, wins), _window(ra, rb, t + 8, word, wins), 0x6341)
 
 
 def _bf16(h: int) -> float:
     return float(np.array([h << 16], np.uint32).view(np.float32)[0])
 
 
-def _vload(packed: np.ndarray, g: int, head_dim: int, tail: np.ndarray) -> list[int]:
-    """kv_mma_vload of lane group g from a token's value codes (then the slot's next bytes)."""
+def _vload(packed: np.ndarray, g: int, head_dim: int, tail: np.ndarray,
+           wins: bool = False) -> list[int]:  # fmt: skip
+    """kv_mma_vload of lane group g from a token's value codes (then the slot's next bytes);
+    wins: the packed words of D = 256 (kv_tq_load_words: run bytes 4 i .. 4 i + 3 in raw[i])."""
     vb = head_dim // 8 * 3
     area = np.concatenate([packed, tail])
+    if wins:
+        n = vb // 8
+        return [int(x) for x in area[n * g : n * g + n].view("<u4")]
     if head_dim == 64:  # the word mode: units at the even byte 3 g - (g & 1), one permute
         e = 3 * g - (g & 1)
         q0, q1 = (int(x) for x in area[e : e + 4].view("<u2"))
@@ -155,9 +166,10 @@ def _vload(packed: np.ndarray, g: int, head_dim: int, tail: np.ndarray) -> list[
 
 
 @pytest.mark.parametrize(
-    ("head_dim", "windows", "shifts"), [(64, 2, 3), (128, 5, 6), (256, 11, 12)]
+    ("head_dim", "windows", "shifts", "wins"),
+    [(64, 2, 3, False), (128, 5, 6, False), (256, 11, 12, False), (256, 11, 12, True)],
 )
-def test_value_plan_extracts_the_spec_codes(head_dim, windows, shifts):
+def test_value_plan_extracts_the_spec_codes(head_dim, windows, shifts, wins):
     off = 4  # KV_MMA_VCODE_OFFSET for 3-bit values
     vpl = head_dim // 8
     run_bits = vpl * 3
@@ -174,9 +186,9 @@ def test_value_plan_extracts_the_spec_codes(head_dim, windows, shifts):
         # the slot's bytes after the codes (value scale, zero): any value
         ta, tb = (rng.integers(0, 256, 4).astype(np.uint8) for _ in range(2))
         for g in range(8):
-            ra, rb = _vload(pa, g, head_dim, ta), _vload(pb, g, head_dim, tb)
+            ra, rb = _vload(pa, g, head_dim, ta, wins), _vload(pb, g, head_dim, tb, wins)
             for i, (t, s, bit) in enumerate(plans):
-                w = _window(ra, rb, t, word) >> s
+                w = _window(ra, rb, t, word, wins) >> s
                 x = (w & ((7 << bit) * 0x00010001)) | 0x43004300
                 for half, codes in ((x & 0xFFFF, ca), (x >> 16, cb)):
                     v = _bf16(half) * 2.0**-bit - (2.0 ** (7 - bit) + off)
