@@ -415,7 +415,7 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
     (TQ_VALUE_BITS == 3 && (KV_HEAD_DIM <= 128 || KVKIT_DECODE_TQ3) && \
      ((KV_HEAD_DIM / 8) * TQ_VALUE_BITS) % 16 == 0)
 #define KV_TQ_V_WORD (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 64)
-// -DKVKIT_DECODE_TQ3_256 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// -DKVKIT_DECODE_TQ3_256 (kvkit/cuda/decode.py; A/B runs; default 2; 0 is the build before): 1
 // unpacks 3-bit values at D = 256 by the halves plan's windows (kv_tq_vplan) cut from the
 // packed words ("windows on words"): the loads stay kv_tq_load_words' 4 word loads per token
 // (the halves plan's 6 two-byte loads per token took 104 value wavefronts per tile where the
@@ -432,8 +432,12 @@ __device__ __forceinline__ void kv_mma_kstep(const unsigned* raw, int ks, const 
 // Nsight Compute); the order cuts the model's 130 to 102 per warp-tile. Another float32
 // order (which lane sums which token): not bit for bit with 0. KVKIT_DECODE_TQ3=1 (the halves
 // plan's 2-byte loads) wins over 1's windows; 2's order and pair addresses still apply.
+// Measured on the H200 (session 16, call 3; 3bit_nc, graph ms, two runs): (32, 4096) D = 256
+// 0 0.1429 / 0.1429, 1 0.1421 / 0.1422, 2 0.1201 / 0.1204 (pair addresses alone 0.1347, with
+// the windows 0.1237); (8, 8192) D = 256 0.0808 / 0.0809 -> 0.0801 / 0.0800 -> 0.0695 / 0.0693.
+// 4bit_nc in the same call: 0.1212 and 0.0694. Default 2.
 #ifndef KVKIT_DECODE_TQ3_256
-#define KVKIT_DECODE_TQ3_256 0
+#define KVKIT_DECODE_TQ3_256 2
 #endif
 #define KV_TQ_V_WINS \
     (TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256 && KVKIT_DECODE_TQ3_256 && !KV_TQ_V_HALVES)
@@ -528,7 +532,9 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 // (64, 8192) 0.2580 / 0.2626 -> 0.2493 / 0.2588, (1, 131072) 0.0757 / 0.0766 -> 0.0741 /
 // 0.0745, D = 64 (32, 4096) 0.0552 / 0.0559 -> 0.0526 / 0.0526, D = 256 0.1318 / 0.1329 ->
 // 0.1249 / 0.1249; 3bit_nc and k3v4_nc -2 to -6% likewise, except 3bit_nc at D = 256:
-// 0.1438 / 0.1434 -> 0.1454 / 0.1447 (+1%), which keeps the build before.
+// 0.1438 / 0.1434 -> 0.1454 / 0.1447 (+1%), which keeps the build before unless
+// KVKIT_DECODE_TQ3_256 is 2 (its default; with session 16's pair trims pair addresses alone
+// measured -6% there, 0.1429 -> 0.1347).
 #define KV_MMA_LANE_OFFS 1
 #define KV_MMA_LANE_SLOT 1
 // (KVKIT_DECODE_TQ3_256=2 takes them there too, for its token order: below.)

@@ -81,8 +81,8 @@ apart, the same attention (which lane sums which token, another softmax order).
 _k3v4_nc; head_dim 64, 128 and 256) addresses its tiles: as before / per-lane row offsets
 worked out once before the loop and both tiles' copies issued together (one proxy fence,
 shared stage and destination arithmetic); the same loads of the same bytes, so the same bits
-(A/B runs). Unset, each family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256
-(measured 1% slower there).
+(A/B runs). Unset, each family's default: 1 (for turboquant_3bit_nc at head_dim 256 only with
+``KVKIT_DECODE_TQ3_256=2``, the default; alone they measured 1% slower there).
 ``KVKIT_DECODE_NV_ISSUE=0`` / ``1`` (NVFP4 with pair addresses, head_dim 64 and 128 on sm_90 /
 sm_100): as before / the tile pair's second stage and its row addresses as
 offsets from the first (one stage address per pair), the common pair's copies (both pages
@@ -99,7 +99,7 @@ windows (the halves plan's, not one shift-and-merge per code pair; the same load
 bf16 operands, so the same bits) / that plus turboquant_3bit_nc's bank-friendly token order
 with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order with
 ``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
-same attention). A/B runs; unset: 0.
+same attention; the default). A/B runs.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -384,8 +384,8 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);
-    # unset, the family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256
-    # (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT).
+    # unset, the family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256 under
+    # KVKIT_DECODE_TQ3_256 < 2 (decode_turboquant.cu KV_PAIR_ADDR_DEFAULT).
     ("KVKIT_DECODE_PAIR_ADDR", ("0", "1"), ("nvfp4", "turboquant")),
     # NVFP4's tile-pair loop with pair addresses: instruction cuts that keep every load, copy
     # and float operation (1, the default), or as before (0) (decode_core.cuh KVD_PAIR_TRIMS).
@@ -395,7 +395,7 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_TQ_ISSUE", ("0", "1"), ("turboquant",)),
     # TurboQuant's 3-bit values at head_dim 256 by byte windows of the packed words (1, same
     # bits), and 3bit_nc's token order with pair addresses as well (2) (decode_turboquant.cu
-    # KV_TQ_V_WINS); unset: 0, as before.
+    # KV_TQ_V_WINS); unset: 2 (0 is the build before).
     ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.

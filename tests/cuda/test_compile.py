@@ -270,11 +270,12 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     every codebook-key preset, pairs up to 4 rows on sm_90 / sm_100a only), and with the
     bank-friendly token order as well (KVKIT_DECODE_TQ_TOKEN_ORDER=2, an A/B build), on the
     tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4): no spills at the 255-register cap of
-    D = 256. 3bit_nc also with its value windows (KVKIT_DECODE_TQ3_256=1: 246-250 registers on
-    sm_90 at 4 rows) and with them, its token order and pair addresses (=2)."""
+    D = 256. 3bit_nc's default takes its value windows, token order and pair addresses
+    (KVKIT_DECODE_TQ3_256=2: 242-244 registers on sm_90 at 4 rows); also built with the
+    windows alone (=1: 246-250) and as before (=0)."""
     bad, cases, jobs = [], [], []
     settings = ({}, {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"})
-    tq3 = ({"KVKIT_DECODE_TQ3_256": "1"}, {"KVKIT_DECODE_TQ3_256": "2"})
+    tq3 = ({"KVKIT_DECODE_TQ3_256": "1"}, {"KVKIT_DECODE_TQ3_256": "0"})
     for name in ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"):
         for extra in settings + (tq3 if name == "turboquant_3bit_nc" else ()):
             for group, q_len in ((4, 1), (8, 1), (4, 2), (2, 4)):
