@@ -183,11 +183,20 @@
 //     instead of three. The accumulators of lanes c >= 2 (the mid sums) join those of lanes
 //     c < 2 once, after the tile loop (float32 rounding only: the three parts were one
 //     tensor-core chain per tile before).
+//   PV (fp16 values, KV_MMA_PACK_F16, a family's opt-in; NVFP4: decode_nvfp4.cu): P's two fp16
+//     parts (hi + lo of p * P_SCALE, kv_split_f16x2) the same way: lanes c < 2 carry hi,
+//     lanes c >= 2 lo (kv_split_f16x2_packed), one mma per m-tile and tile instead of two,
+//     the lo sums joined after the tile loop (float32 rounding only: hi and lo were one
+//     tensor-core chain per tile or pair before).
 #ifndef KV_MMA_PACK_OK
 #define KV_MMA_PACK_OK 0
 #endif
-#define KV_MMA_PACK \
-    (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && KV_MMA_VCODES && !KV_MMA_BF16)
+#ifndef KV_MMA_PACK_F16
+#define KV_MMA_PACK_F16 0
+#endif
+#define KV_MMA_PACK                                                     \
+    (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && (KV_MMA_VCODES || KV_MMA_PACK_F16) && \
+     !KV_MMA_BF16)
 
 namespace kvm {
 using kvd::D;
@@ -823,6 +832,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 pos[nr][j] = r < R ? seq_len - QL + r / G : big;
             }
         }
+#if KV_MMA_PACK && !KV_MMA_PV_BF16
+        // Packed fp16 P parts (KV_MMA_PACK_F16): this lane's part of kv_split_f16x2_packed,
+        // hi in the B columns of lanes c < 2 (rows 0..3), lo in those of lanes c >= 2.
+        const float pk_negm = c < 2 ? -0.f : -1.f;
+#endif
 #if KVD_TILE_PAIRS
         // Tile pairs: the rows' causal positions are worked out where the masks are (tiles
         // off the fast path), from an opaque copy of seq_len, so that they are not held over
@@ -1129,6 +1143,19 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
             }
 #else
+#if KV_MMA_PACK
+            // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile.
+            constexpr int NPART = 1;
+            unsigned bp[NR][NPART][2];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    bp[nr][0][tt] = kv_movmatrix_trans(kv_split_f16x2_packed(
+                        p[nr][0][tt] * P_SCALE, p[nr][1][tt] * P_SCALE, pk_negm));
+                }
+            }
+#else
             constexpr int NPART = 2;
             unsigned bp[NR][NPART][2];
 #pragma unroll
@@ -1141,6 +1168,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     bp[nr][1][tt] = kv_movmatrix_trans(lo);
                 }
             }
+#endif
 #endif
 #if KV_MMA_V_REGS
             // V^T's A fragments from registers: tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9
@@ -1249,7 +1277,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         }
     }
 #if KV_MMA_PACK
-    // Lanes c >= 2 hold the mid-part sums of rows 0..3 (packed columns): into lanes c < 2.
+    // Lanes c >= 2 hold the mid-part (fp16 P: lo-part) sums of rows 0..3 (packed columns):
+    // into lanes c < 2.
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
