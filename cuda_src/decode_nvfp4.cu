@@ -423,6 +423,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_MMA_PACK_OK 0
 #endif
 #define KV_MMA_PACK_F16 1
+#define KV_MMA_EXP_CLAMP KV_MMA_PACK_OK
 
 #include "common/decode_core.cuh"
 

@@ -194,6 +194,11 @@
 #ifndef KV_MMA_PACK_F16
 #define KV_MMA_PACK_F16 0
 #endif
+// The online softmax's exps without kv_online_step's empty-row guard (kv_mma_softmax_step; a
+// family's opt-in, NVFP4: decode_nvfp4.cu): the same bits for every row with a visible key.
+#ifndef KV_MMA_EXP_CLAMP
+#define KV_MMA_EXP_CLAMP 0
+#endif
 #define KV_MMA_PACK                                                     \
     (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && (KV_MMA_VCODES || KV_MMA_PACK_F16) && \
      !KV_MMA_BF16)
@@ -533,14 +538,36 @@ __device__ __forceinline__ void kv_mma_softmax_step(float (&p)[kvm::NR][2][N],
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
+#if KV_MMA_EXP_CLAMP
+            // (KV_MMA_EXP_CLAMP) The exps against mu = max(m_new, -FLT_MAX), unguarded: mu is
+            // m_new wherever a key of the row is visible (the same exps, the same bits); for a
+            // row with none yet (m_new = -inf, every logit -inf) p = exp2(-inf) = 0 as the
+            // guard gave, and alpha = exp2(-inf) = 0 where the guard gave 1, which scales an
+            // empty state (l = 0, acc = 0) to itself (that warp then takes the rescale branch).
+            // kv_online_step's guard costs a test, predicated exps and a move per weight.
+            KvOnlineStep stp;
+            {
+                stp.m_new = fmaxf(m_r[nr][j], mx);
+                const float mu = fmaxf(stp.m_new, -3.402823466e38f);
+                stp.alpha = kv_exp2_fast(m_r[nr][j] - mu);
+                stp.valid = true;
+#pragma unroll
+                for (int q4 = 0; q4 < N; ++q4) p[nr][j][q4] = kv_exp2_fast(p[nr][j][q4] - mu);
+            }
+#else
             const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
+#endif
             if constexpr (N == 2) {
+#if !KV_MMA_EXP_CLAMP
                 p[nr][j][0] = kv_online_p<true>(p[nr][j][0], stp);
                 p[nr][j][1] = kv_online_p<true>(p[nr][j][1], stp);
+#endif
                 l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
             } else {
+#if !KV_MMA_EXP_CLAMP
 #pragma unroll
                 for (int q4 = 0; q4 < 4; ++q4) p[nr][j][q4] = kv_online_p<true>(p[nr][j][q4], stp);
+#endif
                 l_r[nr][j] = l_r[nr][j] * stp.alpha +
                              ((p[nr][j][0] + p[nr][j][1]) + (p[nr][j][2] + p[nr][j][3]));
             }
