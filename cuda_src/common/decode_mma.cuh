@@ -194,8 +194,9 @@
 #ifndef KV_MMA_PACK_F16
 #define KV_MMA_PACK_F16 0
 #endif
-// The online softmax's exps without kv_online_step's empty-row guard (kv_mma_softmax_step; a
-// family's opt-in, NVFP4: decode_nvfp4.cu): the same bits for every row with a visible key.
+// The online softmax's exps without kv_online_step's empty-row guard, the running max starting
+// at -FLT_MAX (kv_mma_softmax_step; a family's opt-in, NVFP4: decode_nvfp4.cu): the same bits
+// for every row with a visible key.
 #ifndef KV_MMA_EXP_CLAMP
 #define KV_MMA_EXP_CLAMP 0
 #endif
@@ -539,20 +540,21 @@ __device__ __forceinline__ void kv_mma_softmax_step(float (&p)[kvm::NR][2][N],
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
 #if KV_MMA_EXP_CLAMP
-            // (KV_MMA_EXP_CLAMP) The exps against mu = max(m_new, -FLT_MAX), unguarded: mu is
-            // m_new wherever a key of the row is visible (the same exps, the same bits); for a
-            // row with none yet (m_new = -inf, every logit -inf) p = exp2(-inf) = 0 as the
-            // guard gave, and alpha = exp2(-inf) = 0 where the guard gave 1, which scales an
-            // empty state (l = 0, acc = 0) to itself (that warp then takes the rescale branch).
+            // (KV_MMA_EXP_CLAMP) The running max starts at -FLT_MAX instead of -inf (the
+            // state's m is -inf again where it leaves the thread, kv_stage1_body's ml_s), so
+            // m_new is finite and the exps need no guard: for a row with a visible key m_new is
+            // the same max (the same exps, the same bits: the first visible tile's alpha is
+            // exp2(-FLT_MAX - m_new) = 0, as exp2(-inf) was); for a row with none yet (every
+            // logit -inf) p = exp2(-inf) = 0 and alpha = exp2(0) = 1, as the guard gave.
             // kv_online_step's guard costs a test, predicated exps and a move per weight.
             KvOnlineStep stp;
             {
                 stp.m_new = fmaxf(m_r[nr][j], mx);
-                const float mu = fmaxf(stp.m_new, -3.402823466e38f);
-                stp.alpha = kv_exp2_fast(m_r[nr][j] - mu);
+                stp.alpha = kv_exp2_fast(m_r[nr][j] - stp.m_new);
                 stp.valid = true;
 #pragma unroll
-                for (int q4 = 0; q4 < N; ++q4) p[nr][j][q4] = kv_exp2_fast(p[nr][j][q4] - mu);
+                for (int q4 = 0; q4 < N; ++q4)
+                    p[nr][j][q4] = kv_exp2_fast(p[nr][j][q4] - stp.m_new);
             }
 #else
             const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
@@ -751,7 +753,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            m_r[nr][j] = kv_neg_inf();
+            m_r[nr][j] = KV_MMA_EXP_CLAMP ? -3.402823466e38f : kv_neg_inf();
             l_r[nr][j] = 0.f;
             z_r[nr][j] = 0.f;
         }
@@ -1328,7 +1330,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const int r = 8 * nr + 2 * c + j;
             if (r < R) {
                 if (g == 0) {
+#if KV_MMA_EXP_CLAMP
+                    // An empty row (l = 0: no visible key; a visible one adds exp2(0) = 1)
+                    // leaves with m = -inf, the empty state (its m is still -FLT_MAX).
+                    ml_s[(warp * 16 + r) * 2] = l_r[nr][j] == 0.f ? kv_neg_inf() : m_r[nr][j];
+#else
                     ml_s[(warp * 16 + r) * 2] = m_r[nr][j];
+#endif
                     ml_s[(warp * 16 + r) * 2 + 1] = l_r[nr][j];
                 }
 #if KV_MMA_VCODES
