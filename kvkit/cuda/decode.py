@@ -93,6 +93,12 @@ the same copies and the same float operations, so the same bits (A/B runs). Unse
 (turboquant_4bit_nc, _3bit_nc, _k3v4_nc with pair addresses, head_dim 64, 128 and 256 on sm_90
 / sm_100; the value scale and zero's rows from the one stage address too): as before /
 trimmed (the default), the same bits (A/B runs).
+``KVKIT_DECODE_NV_PACK=0`` / ``1`` / ``2`` (NVFP4, every arch; A/B runs): 0 (unset), as
+before; 1, at G * q_len <= 4 the mma's padding columns 4..7 carry the query rows again and
+P's fp16 lo part, so one PV mma per m-tile and tile does what two did (the lo sums joined
+after the loop: float32 rounding only, not the same bits), with 2's softmax; 2, the online
+softmax without its empty-row guard (the running max starts at -FLT_MAX): the same bits
+unless a row's visible logits are all NaN.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -386,6 +392,10 @@ _FAMILY_SWITCHES = (
     # The same trims in TurboQuant's codebook presets' tile-pair loop with pair addresses (1,
     # the default), or as before (0) (decode_core.cuh KVD_PAIR_TRIMS).
     ("KVKIT_DECODE_TQ_ISSUE", ("0", "1"), ("turboquant",)),
+    # NVFP4: P's fp16 parts in the mma's padding columns at <= 4 query rows and the unguarded
+    # softmax (1), the softmax only (2), or as before (0, the default) (decode_nvfp4.cu
+    # KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
+    ("KVKIT_DECODE_NV_PACK", ("0", "1", "2"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
