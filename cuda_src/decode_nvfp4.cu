@@ -407,6 +407,34 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // and 8-16 tiles per split within run-to-run spread.
 #define KV_NV_ISSUE_DEFAULT 1
 
+// Packed mma columns and the unguarded softmax (env KVKIT_DECODE_NV_PACK=0 / 1 / 2,
+// kvkit/cuda/decode.py; A/B runs, default 0; benchmarks/NOTES.md "nv17"):
+//   1: packed columns (decode_mma.cuh KV_MMA_PACK, KV_MMA_PACK_F16): at G * q_len <= 4 the
+//      score and PV mmas' N columns 4..7 are padding. The score's columns 4..7 hold rows
+//      0..3's queries again (fp16 queries: no lo part; bf16 / float32 ones: their lo part,
+//      joined by one shuffle as TurboQuant's), so lanes c >= 2 hold the same scores and
+//      weights as lanes c < 2; their PV B columns carry P's fp16 lo part where lanes c < 2
+//      carry hi: one mma per m-tile and tile instead of two (at D = 128, 16 of 32 PV mmas per
+//      pair and 4 of 8 movmatrix), the lo sums joined after the tile loop. Float32 rounding
+//      only (the hi and lo products were one tensor-core chain per pair before, now one
+//      each): within DECODE_GPU_RTOL of float64, not the same bits. Every arch (the
+//      single-tile loop too); not at G * q_len > 4. Plus 2's softmax.
+//   2: the online softmax without kv_online_step's empty-row guard (KV_MMA_EXP_CLAMP: the
+//      running max starts at -FLT_MAX): the same bits as 0 wherever a row's logits are not
+//      all NaN (a row whose visible logits are all NaN so far: NaN there, 0 weights before).
+// Static walk (scripts/sass_path.py, sm_90, D = 128, G = 4, per tile pair): 892 (0) -> 854 (1).
+#if defined(KVKIT_DECODE_NV_PACK)
+#define KV_NV_PACK KVKIT_DECODE_NV_PACK
+#else
+#define KV_NV_PACK 0
+#endif
+#if KV_NV_PACK < 0 || KV_NV_PACK > 2
+#error "KVKIT_DECODE_NV_PACK: 0, 1 or 2"
+#endif
+#define KV_MMA_PACK_OK (KV_NV_PACK == 1)
+#define KV_MMA_PACK_F16 1
+#define KV_MMA_EXP_CLAMP (KV_NV_PACK >= 1)
+
 #include "common/decode_core.cuh"
 
 KV_DEFINE_STAGE1_KERNEL(kv_decode_nvfp4_stage1)

@@ -282,6 +282,14 @@ __device__ __forceinline__ void kv_split_f16x2(float x0, float x1, unsigned* hi,
     *hi = h;
     *lo = kv_pack_f16x2(x0 - kv_f16_lo(h), x1 - kv_f16_hi(h));
 }
+// One part of kv_split_f16x2 per lane, chosen by negm (a lane constant): -1 gives lo (x - hi,
+// the same single rounding as the subtraction there), -0 gives hi (x + -0 * hi == x for the
+// finite, non-negative x of softmax weights, whose pack is hi again). An FFMA where the
+// subtraction was, instead of both parts and a select (decode_mma.cuh KV_MMA_PACK_F16).
+__device__ __forceinline__ unsigned kv_split_f16x2_packed(float x0, float x1, float negm) {
+    const unsigned h = kv_pack_f16x2(x0, x1);
+    return kv_pack_f16x2(fmaf(kv_f16_lo(h), negm, x0), fmaf(kv_f16_hi(h), negm, x1));
+}
 
 // 2^e as a float (|e| <= 126).
 __device__ __forceinline__ float kv_pow2(int e) { return __int_as_float((e + 127) << 23); }

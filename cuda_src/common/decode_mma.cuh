@@ -183,11 +183,26 @@
 //     instead of three. The accumulators of lanes c >= 2 (the mid sums) join those of lanes
 //     c < 2 once, after the tile loop (float32 rounding only: the three parts were one
 //     tensor-core chain per tile before).
+//   PV (fp16 values, KV_MMA_PACK_F16, a family's opt-in; NVFP4: decode_nvfp4.cu): P's two fp16
+//     parts (hi + lo of p * P_SCALE, kv_split_f16x2) the same way: lanes c < 2 carry hi,
+//     lanes c >= 2 lo (kv_split_f16x2_packed), one mma per m-tile and tile instead of two,
+//     the lo sums joined after the tile loop (float32 rounding only: hi and lo were one
+//     tensor-core chain per tile or pair before).
 #ifndef KV_MMA_PACK_OK
 #define KV_MMA_PACK_OK 0
 #endif
-#define KV_MMA_PACK \
-    (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && KV_MMA_VCODES && !KV_MMA_BF16)
+#ifndef KV_MMA_PACK_F16
+#define KV_MMA_PACK_F16 0
+#endif
+// The online softmax's exps without kv_online_step's empty-row guard, the running max starting
+// at -FLT_MAX (kv_mma_softmax_step; a family's opt-in, NVFP4: decode_nvfp4.cu): the same bits
+// for every row with a visible key.
+#ifndef KV_MMA_EXP_CLAMP
+#define KV_MMA_EXP_CLAMP 0
+#endif
+#define KV_MMA_PACK                                                     \
+    (KV_MMA_PACK_OK && KV_GROUP * KV_Q_LEN <= 4 && (KV_MMA_VCODES || KV_MMA_PACK_F16) && \
+     !KV_MMA_BF16)
 
 namespace kvm {
 using kvd::D;
@@ -524,14 +539,37 @@ __device__ __forceinline__ void kv_mma_softmax_step(float (&p)[kvm::NR][2][N],
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 4));
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 8));
             mx = fmaxf(mx, __shfl_xor_sync(KV_FULL_MASK, mx, 16));
+#if KV_MMA_EXP_CLAMP
+            // (KV_MMA_EXP_CLAMP) The running max starts at -FLT_MAX instead of -inf (the
+            // state's m is -inf again where it leaves the thread, kv_stage1_body's ml_s), so
+            // m_new is finite and the exps need no guard: for a row with a visible key m_new is
+            // the same max (the same exps, the same bits: the first visible tile's alpha is
+            // exp2(-FLT_MAX - m_new) = 0, as exp2(-inf) was); for a row with none yet (every
+            // logit -inf) p = exp2(-inf) = 0 and alpha = exp2(0) = 1, as the guard gave.
+            // kv_online_step's guard costs a test, predicated exps and a move per weight.
+            KvOnlineStep stp;
+            {
+                stp.m_new = fmaxf(m_r[nr][j], mx);
+                stp.alpha = kv_exp2_fast(m_r[nr][j] - stp.m_new);
+                stp.valid = true;
+#pragma unroll
+                for (int q4 = 0; q4 < N; ++q4)
+                    p[nr][j][q4] = kv_exp2_fast(p[nr][j][q4] - stp.m_new);
+            }
+#else
             const KvOnlineStep stp = kv_online_step<true>(m_r[nr][j], mx);
+#endif
             if constexpr (N == 2) {
+#if !KV_MMA_EXP_CLAMP
                 p[nr][j][0] = kv_online_p<true>(p[nr][j][0], stp);
                 p[nr][j][1] = kv_online_p<true>(p[nr][j][1], stp);
+#endif
                 l_r[nr][j] = l_r[nr][j] * stp.alpha + (p[nr][j][0] + p[nr][j][1]);
             } else {
+#if !KV_MMA_EXP_CLAMP
 #pragma unroll
                 for (int q4 = 0; q4 < 4; ++q4) p[nr][j][q4] = kv_online_p<true>(p[nr][j][q4], stp);
+#endif
                 l_r[nr][j] = l_r[nr][j] * stp.alpha +
                              ((p[nr][j][0] + p[nr][j][1]) + (p[nr][j][2] + p[nr][j][3]));
             }
@@ -715,7 +753,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         }
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-            m_r[nr][j] = kv_neg_inf();
+            m_r[nr][j] = KV_MMA_EXP_CLAMP ? -3.402823466e38f : kv_neg_inf();
             l_r[nr][j] = 0.f;
             z_r[nr][j] = 0.f;
         }
@@ -823,6 +861,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 pos[nr][j] = r < R ? seq_len - QL + r / G : big;
             }
         }
+#if KV_MMA_PACK && !KV_MMA_PV_BF16
+        // Packed fp16 P parts (KV_MMA_PACK_F16): this lane's part of kv_split_f16x2_packed,
+        // hi in the B columns of lanes c < 2 (rows 0..3), lo in those of lanes c >= 2.
+        const float pk_negm = c < 2 ? -0.f : -1.f;
+#endif
 #if KVD_TILE_PAIRS
         // Tile pairs: the rows' causal positions are worked out where the masks are (tiles
         // off the fast path), from an opaque copy of seq_len, so that they are not held over
@@ -1129,6 +1172,19 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
             }
 #else
+#if KV_MMA_PACK
+            // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile.
+            constexpr int NPART = 1;
+            unsigned bp[NR][NPART][2];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    bp[nr][0][tt] = kv_movmatrix_trans(kv_split_f16x2_packed(
+                        p[nr][0][tt] * P_SCALE, p[nr][1][tt] * P_SCALE, pk_negm));
+                }
+            }
+#else
             constexpr int NPART = 2;
             unsigned bp[NR][NPART][2];
 #pragma unroll
@@ -1141,6 +1197,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     bp[nr][1][tt] = kv_movmatrix_trans(lo);
                 }
             }
+#endif
 #endif
 #if KV_MMA_V_REGS
             // V^T's A fragments from registers: tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9
@@ -1249,7 +1306,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         }
     }
 #if KV_MMA_PACK
-    // Lanes c >= 2 hold the mid-part sums of rows 0..3 (packed columns): into lanes c < 2.
+    // Lanes c >= 2 hold the mid-part (fp16 P: lo-part) sums of rows 0..3 (packed columns):
+    // into lanes c < 2.
 #pragma unroll
     for (int mi = 0; mi < MT; ++mi) {
 #pragma unroll
@@ -1272,7 +1330,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const int r = 8 * nr + 2 * c + j;
             if (r < R) {
                 if (g == 0) {
+#if KV_MMA_EXP_CLAMP
+                    // An empty row (l = 0: no visible key; a visible one adds exp2(0) = 1)
+                    // leaves with m = -inf, the empty state (its m is still -FLT_MAX).
+                    ml_s[(warp * 16 + r) * 2] = l_r[nr][j] == 0.f ? kv_neg_inf() : m_r[nr][j];
+#else
                     ml_s[(warp * 16 + r) * 2] = m_r[nr][j];
+#endif
                     ml_s[(warp * 16 + r) * 2 + 1] = l_r[nr][j];
                 }
 #if KV_MMA_VCODES

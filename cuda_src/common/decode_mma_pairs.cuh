@@ -405,6 +405,23 @@ if (pipe.slabs) {
             }
         }
 #else
+#if KV_MMA_PACK
+        // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile and tile.
+        constexpr int NPART = 1;
+        unsigned bp[2][NR][NPART][2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    bp[h][nr][0][tt] = kv_movmatrix_trans(
+                        kv_split_f16x2_packed(p[nr][0][2 * h + tt] * P_SCALE,
+                                              p[nr][1][2 * h + tt] * P_SCALE, pk_negm));
+                }
+            }
+        }
+#else
         constexpr int NPART = 2;
         unsigned bp[2][NR][NPART][2];
 #pragma unroll
@@ -421,6 +438,7 @@ if (pipe.slabs) {
                 }
             }
         }
+#endif
 #endif
         // V^T's A fragments from registers, per tile as in the single-tile body.
         unsigned vraw[2][4][KV_MMA_VRAW];

@@ -493,12 +493,16 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     bit for bit (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for
     KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation (bad pages are masked per
     tile of a pair)."""
-    pairs = var == "KVKIT_DECODE_TILE_PAIRS"
+    # KVKIT_DECODE_NV_PACK (NVFP4's packed mma columns at 1: float32 rounding only): pairs
+    # on, within float32 reassociation.
+    pairs = var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK")
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
     # the same, pairs and pair addresses on.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE")
+    if var == "KVKIT_DECODE_NV_PACK":
+        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
@@ -1501,6 +1505,93 @@ def test_tq_issue_matches_float64_at_every_split_count(cp, name, head_dim, group
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=19 + group + head_dim)  # fmt: skip
+    check_against_reference(case)
+
+
+# --- NVFP4's packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK, decode_nvfp4.cu) -
+# 1: at G * q_len <= 4 the mmas' padding columns 4..7 carry the query rows again (float32
+# queries: their lo part, one shuffle) and P's fp16 lo part (one PV mma per m-tile and tile;
+# the lo sums joined after the loop): float32 rounding only, so compared within float32
+# reassociation and to float64; above 4 rows only the softmax changes: bit for bit. 2: the
+# softmax only (the running max from -FLT_MAX, no empty-row guard): bit for bit. Both loops
+# (pairs and the single-tile one: odd last tiles, KVKIT_DECODE_TILE_PAIRS=0, sm_80 / sm_89).
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (2, 2), (8, 1)])
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_nv_pack_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                          monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV_PACK=1 against 0 on ragged ends, pages of 16 and 128 tokens, a window
+    and causal q_len 2, 1 and 3 splits: within float32 reassociation at <= 4 query rows,
+    bit for bit at 8 (no packed columns there), and within DECODE_GPU_RTOL of float64."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 5)  # fmt: skip
+    exact = "all" if group * q_len > 4 else "none"
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_PACK", "1", "0", exact=exact)
+
+
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("window", [None, 70])
+def test_nv_pack_softmax_only_matches_the_build_before(cp, group, q_len, block_size, window,
+                                                       monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV_PACK=2 (the unguarded softmax alone) against 0: bit for bit (rows
+    masked so far under the window and the causal offsets keep the empty state)."""
+    case = Case("nvfp4", head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=window,
+                seed=block_size + group + 7)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_PACK", "2", "0")
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window, q_dtype", [
+    (4, 1, None, "float16"), (1, 1, 5, "float32"), (2, 2, 90, "bfloat16"),
+])  # fmt: skip
+def test_nv_pack_at_head_dim_64(cp, name, group, q_len, window, q_dtype, monkeypatch):
+    """The same at head_dim 64, with fp16 queries (no query lo part: columns 4..7 the hi part
+    again), float32 and bf16 ones, and a 5-token window (splits with no visible token: the
+    empty state leaves with m = -inf)."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window, seed=12 + group,
+                q_dtype=q_dtype)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_PACK", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("window", [None, 2500])
+def test_nv_pack_refills_the_page_windows(cp, block_size, window, monkeypatch):
+    """Splits of 70 and 33 tiles (page-window refills, an odd last tile in the single-tile
+    loop; the window start mid-split), fp16 queries (the benchmark's), against 0."""
+    case = Case("nvfp4", head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                seed=block_size + 8, q_dtype="float16")  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_PACK", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_nv_pack_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries under KVKIT_DECODE_NV_PACK=1 and 0: the same flag, outputs
+    within float32 reassociation."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 4, monkeypatch,
+                           "KVKIT_DECODE_NV_PACK")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (128, 1, 4), (64, 4, 1)])
+@pytest.mark.parametrize("pairs", ["0", "1"])
+def test_nv_pack_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len, pairs,
+                                                      monkeypatch):  # fmt: skip
+    """Under KVKIT_DECODE_NV_PACK=1, with tile pairs and single-tile loops, every split count
+    within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with
+    sinks and a soft-cap (fp16 queries)."""
+    monkeypatch.setenv("KVKIT_DECODE_NV_PACK", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", pairs)
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=23 + group + head_dim, q_dtype="float16")  # fmt: skip
     check_against_reference(case)
 
 
