@@ -408,7 +408,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_NV_ISSUE_DEFAULT 1
 
 // Packed mma columns and the unguarded softmax (env KVKIT_DECODE_NV_PACK=0 / 1 / 2,
-// kvkit/cuda/decode.py; A/B runs, default 0; benchmarks/NOTES.md "nv17"):
+// kvkit/cuda/decode.py; A/B runs; 0 is the build before; benchmarks/NOTES.md "nv17"):
 //   1: packed columns (decode_mma.cuh KV_MMA_PACK, KV_MMA_PACK_F16): at G * q_len <= 4 the
 //      score and PV mmas' N columns 4..7 are padding. The score's columns 4..7 hold rows
 //      0..3's queries again (fp16 queries: no lo part; bf16 / float32 ones: their lo part,
@@ -423,10 +423,16 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 //      running max starts at -FLT_MAX): the same bits as 0 wherever a row's logits are not
 //      all NaN (a row whose visible logits are all NaN so far: NaN there, 0 weights before).
 // Static walk (scripts/sass_path.py, sm_90, D = 128, G = 4, per tile pair): 892 (0) -> 854 (1).
+// Default 1 from head_dim 128, 2 below. Measured on the H200 (session 16, call 4; graph ms,
+// 0 / 0 -> 1 / 1): (64, 8192) 0.1963 / 0.1963 -> 0.1892 / 0.1911, D = 256 (32, 4096) 0.1240 /
+// 0.1245 -> 0.1221 / 0.1208, (1, 131072) and (8, 8192) within +-1%; but D = 64 (32, 4096)
+// 0.0391 / 0.0393 -> 0.0458 / 0.0461 (+17%; 2 there: 0.0387). The same at nvfp4_4over6.
 #if defined(KVKIT_DECODE_NV_PACK)
 #define KV_NV_PACK KVKIT_DECODE_NV_PACK
+#elif KV_HEAD_DIM >= 128
+#define KV_NV_PACK 1
 #else
-#define KV_NV_PACK 0
+#define KV_NV_PACK 2
 #endif
 #if KV_NV_PACK < 0 || KV_NV_PACK > 2
 #error "KVKIT_DECODE_NV_PACK: 0, 1 or 2"

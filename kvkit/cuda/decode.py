@@ -100,12 +100,12 @@ bf16 operands, so the same bits) / that plus turboquant_3bit_nc's bank-friendly 
 with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order with
 ``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
 same attention; the default). A/B runs.
-``KVKIT_DECODE_NV_PACK=0`` / ``1`` / ``2`` (NVFP4, every arch; A/B runs): 0 (unset), as
-before; 1, at G * q_len <= 4 the mma's padding columns 4..7 carry the query rows again and
-P's fp16 lo part, so one PV mma per m-tile and tile does what two did (the lo sums joined
-after the loop: float32 rounding only, not the same bits), with 2's softmax; 2, the online
-softmax without its empty-row guard (the running max starts at -FLT_MAX): the same bits
-unless a row's visible logits are all NaN.
+``KVKIT_DECODE_NV_PACK=0`` / ``1`` / ``2`` (NVFP4, every arch; A/B runs; unset: 1 from head_dim
+128, 2 below): 0, as before; 1, at G * q_len <= 4 the mma's padding columns 4..7 carry the
+query rows again and P's fp16 lo part, so one PV mma per m-tile and tile does what two did (the
+lo sums joined after the loop: float32 rounding only, not the same bits), with 2's softmax; 2,
+the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
+bits unless a row's visible logits are all NaN.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -404,8 +404,8 @@ _FAMILY_SWITCHES = (
     # KV_TQ_V_WINS); unset: 2 (0 is the build before).
     ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
     # NVFP4: P's fp16 parts in the mma's padding columns at <= 4 query rows and the unguarded
-    # softmax (1), the softmax only (2), or as before (0, the default) (decode_nvfp4.cu
-    # KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
+    # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before
+    # (0) (decode_nvfp4.cu KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
     ("KVKIT_DECODE_NV_PACK", ("0", "1", "2"), ("nvfp4",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
