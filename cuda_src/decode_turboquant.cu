@@ -290,8 +290,9 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
 }
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
 // -DKVKIT_DECODE_K3V4 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): k3v4_nc at
-// head_dim 256 only. 1: lane-interleaved key runs (KV_TQ_KSPLIT) and 4bit_nc's order of
-// KVKIT_DECODE_TQ_TOKEN_ORDER=2 (a(c) = 2 c, B = 8, K = 1; below); 2: the key runs alone.
+// head_dim 256 and 64. 1: at 256 lane-interleaved key runs (KV_TQ_KSPLIT) and 4bit_nc's order
+// of KVKIT_DECODE_TQ_TOKEN_ORDER=2 (a(c) = 2 c, B = 8, K = 1; below), at 64 a token order of
+// its own (below); 2: the key runs alone (256; 64 as before).
 // Why: k3v4_nc's pair executes 1864 warp instructions where 4bit_nc's takes 1852 (static walk,
 // sm_90, 4 x 1; benchmarks/NOTES.md k3), yet it measured 5% slower: its 230-byte rows put a
 // lane's 24-byte key run (words 57.5 g + 6 c + i) 4-way on the banks, 60 key + 28 value
@@ -804,6 +805,16 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #define KV_MMA_TOKEN_A 0x6420u
 #define KV_MMA_TOKEN_B 8
 #define KV_MMA_TOKEN_K 1
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_K3V4 == 1
+// k3v4_nc at D = 64 (62-byte rows; KVKIT_DECODE_K3V4=1): a(c) = 0, 1, 4, 5; B = 8, K = 2, the
+// best of the form, takes the key + value loads (the model of test_tq_token_order_model.py
+// with D = 64's 2-byte value loads) from 20 + 40 wavefronts per warp-tile in order to 14 + 24
+// (4bit_nc in order: 14 + 32). The pair addresses hold the lane offsets (the order's row
+// offsets are worked out once, before the loop).
+#define KV_MMA_TOKEN_A 0x5410u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 2
 #endif
 
 #include "common/decode_core.cuh"

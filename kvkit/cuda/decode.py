@@ -100,11 +100,12 @@ bf16 operands, so the same bits) / that plus turboquant_3bit_nc's bank-friendly 
 with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order with
 ``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
 same attention; the default). A/B runs.
-``KVKIT_DECODE_K3V4=0`` / ``1`` / ``2`` (turboquant_k3v4_nc at head_dim 256, the tensor-core
-stage 1): as before (the default) / each lane's 3-bit key codes as two interleaved 12-byte
-chunks (fewer shared-memory bank conflicts on the 230-byte slot rows; the query's dims
-permuted to match) with 4bit_nc's bank-friendly token order / the chunks alone; the same
-products summed in another order: float32 rounding apart, the same attention. A/B runs.
+``KVKIT_DECODE_K3V4=0`` / ``1`` / ``2`` (turboquant_k3v4_nc at head_dim 256 and 64, the
+tensor-core stage 1): as before (the default) / at 256 each lane's 3-bit key codes as two
+interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte slot rows; the
+query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
+for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
+order: float32 rounding apart, the same attention. A/B runs.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -402,8 +403,9 @@ _FAMILY_SWITCHES = (
     # bits), and 3bit_nc's token order with pair addresses as well (2) (decode_turboquant.cu
     # KV_TQ_V_WINS); unset: 2 (0 is the build before).
     ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
-    # turboquant_k3v4_nc at head_dim 256: lane-interleaved key runs and a token order (1),
-    # the runs alone (2), or as before (0, the default) (decode_turboquant.cu KV_TQ_KSPLIT).
+    # turboquant_k3v4_nc: at head_dim 256 lane-interleaved key runs and a token order, at 64 a
+    # token order (1); the runs alone (2); or as before (0, the default) (decode_turboquant.cu
+    # KV_TQ_KSPLIT, KV_MMA_TOKEN_A).
     ("KVKIT_DECODE_K3V4", ("0", "1", "2"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.

@@ -295,6 +295,27 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     assert bad == []
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
+def test_k3v4_d64_token_order_does_not_spill(arch):
+    """turboquant_k3v4_nc at head_dim 64 with its token order (KVKIT_DECODE_K3V4=1): the tile
+    pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers (sm_90 4 x 1: 127,
+    sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core shapes."""
+    bad, cases, jobs = [], [], []
+    for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4)):
+        defines = dict(formats.get("turboquant_k3v4_nc", 64).cuda_defines())
+        defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
+                       KVKIT_DECODE_K3V4="1")  # fmt: skip
+        cases.append((group, q_len))
+        jobs.append(("decode_turboquant.cu", defines, arch))
+    for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
+        assert "mma.sync.aligned" in res.ptx, case
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((case, spills))
+    assert bad == []
+
+
 def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
     """module_file compiles when its file is missing and, in a later process (fresh
     in-memory caches), finds the file by its key without running NVRTC; a changed define

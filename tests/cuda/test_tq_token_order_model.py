@@ -140,3 +140,39 @@ def test_value_halves_plan_took_more_wavefronts_at_256():
     geo = slot_geometry("turboquant_3bit_nc", 256)
     assert tile_wavefronts(geo, IDENT, value_units=16)[1] == 104
     assert tile_wavefronts(geo, IDENT)[1] == 72
+
+
+def d64_wavefronts(geo: dict, tok: list[int]) -> tuple[int, int]:
+    """(key, value) wavefronts per warp-tile at D = 64 with 4-bit values: the key runs as in
+    tile_wavefronts; lane group g's 4 value bytes as two 2-byte loads (kv_mma_vload_t's
+    VB % 16 == 0 path), then the scale and zero."""
+    k = tile_wavefronts(geo, tok)[0]
+    v = 0
+    for kk in range(4):
+        rows = [tok[2 * (lane & 3) + (kk & 1) + 8 * (kk >> 1)] * geo["slot"] for lane in range(32)]
+        base = [r + geo["voff"] + 4 * (lane >> 2) for lane, r in enumerate(rows)]
+        for i in range(2):
+            v += wavefronts([(b + 2 * i) // 4 for b in base])
+        v += wavefronts([(r + geo["scale"]) // 4 for r in rows])
+        v += wavefronts([(r + geo["zero"]) // 4 for r in rows])
+    return k, v
+
+
+def test_k3v4_d64_order_cuts_the_bank_conflicts():
+    """k3v4_nc at D = 64 (62-byte rows): 20 + 40 wavefronts per warp-tile in order (4bit_nc's
+    70-byte rows 14 + 32); KVKIT_DECODE_K3V4=1's order (a(c) = 0, 1, 4, 5; B = 8, K = 2, the
+    best of the form by a search over all of them) 14 + 24."""
+    assert d64_wavefronts(slot_geometry("turboquant_4bit_nc", 64), IDENT) == (14, 32)
+    geo = slot_geometry("turboquant_k3v4_nc", 64)
+    assert d64_wavefronts(geo, IDENT) == (20, 40)
+    m = re.search(
+        r"KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 &&.*?\n"
+        r"#define KV_MMA_TOKEN_A (0x[0-9a-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
+        r"#define KV_MMA_TOKEN_K (\d+)",
+        SRC.read_text(),
+        re.S,
+    )
+    a, b, k = int(m.group(1), 16), int(m.group(2)), int(m.group(3))
+    tok = [((a >> (4 * ((i >> 1) & 3))) & 15) + b * (i & 1) + k * (i >> 3) for i in range(16)]
+    assert sorted(tok) == IDENT
+    assert d64_wavefronts(geo, tok) == (14, 24)
