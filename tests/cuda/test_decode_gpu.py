@@ -1825,14 +1825,16 @@ def test_k3v4_matches_the_build_before(cp, value, head_dim, group, q_len, block_
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_K3V4", value, "0", exact=exact)
 
 
-@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize(
+    "value, head_dim", [("1", 256), ("2", 256), ("1", 64)]
+)  # fmt: skip
 @pytest.mark.parametrize("block_size", [16, 64])
-def test_k3v4_refills_the_page_windows(cp, value, block_size, monkeypatch):
-    """Splits of 70 (even) and 33 (odd) tiles of k3v4_nc at head_dim 256 (page-window refills
-    between pairs), with and without a window, against 0."""
+def test_k3v4_refills_the_page_windows(cp, value, head_dim, block_size, monkeypatch):
+    """Splits of 70 (even) and 33 (odd) tiles of k3v4_nc at head_dim 256 and 64 (page-window
+    refills between pairs), with and without a window, against 0."""
     _tq3_256_env(monkeypatch)
     for window in (None, 2500):
-        case = Case("turboquant_k3v4_nc", head_dim=256, hkv=1, group=4, q_len=1,
+        case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=1, group=4, q_len=1,
                     block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
                     window=window, seed=block_size + 53)  # fmt: skip
         assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_K3V4", value, "0", exact="none")
