@@ -289,6 +289,37 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
     return kv_pow2(-e);
 }
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
+// -DKVKIT_DECODE_K3V4 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): k3v4_nc at
+// head_dim 256 and 64. 1: at 256 lane-interleaved key runs (KV_TQ_KSPLIT) and 4bit_nc's order
+// of KVKIT_DECODE_TQ_TOKEN_ORDER=2 (a(c) = 2 c, B = 8, K = 1; below), at 64 a token order of
+// its own (below); 2: the key runs alone (256; 64 as before).
+// Why: k3v4_nc's pair executes 1864 warp instructions where 4bit_nc's takes 1852 (static walk,
+// sm_90, 4 x 1; benchmarks/NOTES.md k3), yet it measured 5% slower: its 230-byte rows put a
+// lane's 24-byte key run (words 57.5 g + 6 c + i) 4-way on the banks, 60 key + 28 value
+// wavefronts per warp-tile against 4bit_nc's 38 + 28 (tests/cuda/test_tq_token_order_model.py).
+// Runs of two 12-byte chunks (codes 32 c .. 32 c + 31 and 128 + 32 c .., the query's dims
+// permuted to match through kv_mma_kdim) step 3 words per lane: 52 + 28 in order, 34 + 28 with
+// that order (62, below 4bit_nc's 66), for one more word load per token (two chunks of 3 + 1).
+// The chunks are whole codes (96 bits), so raw[] holds the lane's 64 codes as one bit stream as
+// before: kv_tq_kplan and the table offsets are unchanged. Scores are the same products summed
+// in another order (the mma's k order and which lane sums which token): float32 rounding.
+#ifndef KVKIT_DECODE_K3V4
+#define KVKIT_DECODE_K3V4 0
+#endif
+#if KVKIT_DECODE_K3V4 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && KV_HEAD_DIM == 256
+#define KV_TQ_KSPLIT 1
+#define KV_TQ_KCHUNK (KV_TQ_RUN_BYTES / 2)
+static_assert(KV_TQ_KCHUNK % 4 == 0 && 8 * KV_TQ_KCHUNK == (KV_TQ_KPL / 2) * TQ_KEY_BITS,
+              "chunks of whole words and whole codes");
+// Lane c's run element e (decode_mma.cuh kv_mma_qdim): chunk c, then chunk c + 4.
+#define KV_MMA_KDIM 1
+__device__ __forceinline__ int kv_mma_kdim(int c, int e) {
+    constexpr int H = KV_TQ_KPL / 2;  // codes per chunk
+    return e < H ? H * c + e : 4 * H + H * c + (e - H);
+}
+#else
+#define KV_TQ_KSPLIT 0
+#endif
 // The run's bytes from the staged slot (rows are 2-byte aligned in the slab mode, the run
 // may start at any byte): aligned words from the 4-byte boundary below, funnel-shifted down.
 // The one word read past the run stays in the slot (the norm and the values follow the
@@ -296,7 +327,29 @@ __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
 // row of a stage is 16-byte aligned).
 __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
                                              unsigned* raw) {
+#if KV_TQ_KSPLIT
+    // Chunks c and c + 4 (4 KV_TQ_KCHUNK bytes on, a whole number of words: one alignment and
+    // one base for both, the second chunk's loads at an immediate offset), each as 3 + 1
+    // aligned words funnel-shifted down as kv_tq_load_words does (the word past chunk c is
+    // chunk c + 1's; past chunk c + 4 the norm or chunk c + 5's: inside the slot).
+    constexpr int N = KV_TQ_RUN_WORDS / 2, CW = KV_TQ_KCHUNK;  // words per chunk; CW words on
+    const unsigned char* p = rows[0] + KV_TQ_KCHUNK * c;
+    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
+    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
+    unsigned w[2][N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) {
+        w[0][i] = q[i];
+        w[1][i] = q[CW + i];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], 8 * a);
+        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], 8 * a);
+    }
+#else
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
+#endif
 }
 #if TQ_KEY_BITS == 3
 // 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
@@ -541,7 +594,13 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
 #if TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && KV_HEAD_DIM == 256 && KVKIT_DECODE_TQ3_256 < 2
 #define KV_PAIR_ADDR_DEFAULT 0
 #endif
-__device__ __forceinline__ int kv_mma_klane(int, int c) { return KV_TQ_RUN_BYTES * c; }
+__device__ __forceinline__ int kv_mma_klane(int, int c) {
+#if KV_TQ_KSPLIT
+    return KV_TQ_KCHUNK * c;
+#else
+    return KV_TQ_RUN_BYTES * c;
+#endif
+}
 __device__ __forceinline__ int kv_mma_vlane(int, int g) { return kv_tq_vlane(g); }
 __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows, int g,
                                                 unsigned* raw) {
@@ -739,6 +798,23 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #define KV_MMA_TOKEN_A 0x6420u
 #define KV_MMA_TOKEN_B 8
 #define KV_MMA_TOKEN_K 1
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_K3V4 == 1
+// a(c) = 2 c; B = 8, K = 1 (KVKIT_DECODE_K3V4 above): with the interleaved key runs 34 + 28
+// wavefronts per warp-tile (the best of the form; in order 52 + 28)
+#define KV_MMA_TOKEN_A 0x6420u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 1
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_K3V4 == 1
+// k3v4_nc at D = 64 (62-byte rows; KVKIT_DECODE_K3V4=1): a(c) = 0, 1, 4, 5; B = 8, K = 2, the
+// best of the form, takes the key + value loads (the model of test_tq_token_order_model.py
+// with D = 64's 2-byte value loads) from 20 + 40 wavefronts per warp-tile in order to 14 + 24
+// (4bit_nc in order: 14 + 32). The pair addresses hold the lane offsets (the order's row
+// offsets are worked out once, before the loop).
+#define KV_MMA_TOKEN_A 0x5410u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 2
 #endif
 
 #include "common/decode_core.cuh"

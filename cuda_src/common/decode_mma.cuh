@@ -60,6 +60,8 @@
 //                     (high half), h1 = kv_mma_kpos(ks, 2), kv_mma_kpos(ks, 3); the family
 //                     picks the order within the run that makes its unpacking cheapest.
 //                     kstep also gets the family table (KV_MMA_TABLE_WORDS).
+//   KV_MMA_KDIM       1 (with K_HILO): lane c's run element e is dim kv_mma_kdim(c, e), not
+//                     KPL c + e (the family's run layout; the query rows follow it)
 //   KV_MMA_K_HILO     1 (with K_REGS): each A register holds one key element as {hi, lo}
 //                     (fp16 halves, element = hi + lo), and the query rows hold every
 //                     query dim twice, so the mma's K extent is 2 D and one product
@@ -305,7 +307,11 @@ __device__ __forceinline__ int kv_mma_tok(int i) {
 // its run element kv_mma_kpos(ks, (kk % 2) + 2 (kk / 8)) (KV_MMA_K_REGS; with K_HILO both
 // halves of a register are one element, kv_mma_kpos(ks, kk / 8)), else dim p.
 __device__ __forceinline__ int kv_mma_qdim(int p) {
-#if KV_MMA_K_HILO
+#if KV_MMA_K_HILO && defined(KV_MMA_KDIM)
+    // The family's own lane runs (decode_turboquant.cu KV_TQ_KSPLIT).
+    const int kk = p & 15;
+    return kv_mma_kdim((kk & 7) >> 1, kv_mma_kpos(p >> 4, kk >> 3));
+#elif KV_MMA_K_HILO
     const int kk = p & 15;
     return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, kk >> 3);
 #elif KV_MMA_K_REGS

@@ -275,17 +275,41 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4): no spills at the 255-register cap of
     D = 256. 3bit_nc's default takes its value windows, token order and pair addresses
     (KVKIT_DECODE_TQ3_256=2: 242-244 registers on sm_90 at 4 rows); also built with the
-    windows alone (=1: 246-250) and as before (=0)."""
+    windows alone (=1: 246-250) and as before (=0). k3v4_nc also with its interleaved key
+    chunks (KVKIT_DECODE_K3V4=1 and 2: 234-255 on sm_90, at the cap at 4 x 1 as its default)."""
     bad, cases, jobs = [], [], []
     settings = ({}, {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"})
     tq3 = ({"KVKIT_DECODE_TQ3_256": "1"}, {"KVKIT_DECODE_TQ3_256": "0"})
+    k3v4 = ({"KVKIT_DECODE_K3V4": "1"}, {"KVKIT_DECODE_K3V4": "2"})
     for name in ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"):
-        for extra in settings + (tq3 if name == "turboquant_3bit_nc" else ()):
+        more = {"turboquant_3bit_nc": tq3, "turboquant_k3v4_nc": k3v4}.get(name, ())
+        for extra in settings + more:
             for group, q_len in ((4, 1), (8, 1), (4, 2), (2, 4)):
                 defines = dict(formats.get(name, 256).cuda_defines())
                 defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **extra)
                 cases.append((name, tuple(extra), group, q_len))
                 jobs.append(("decode_turboquant.cu", defines, arch))
+    for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
+        assert "mma.sync.aligned" in res.ptx, case
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((case, spills))
+    assert bad == []
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
+def test_k3v4_d64_token_order_does_not_spill(arch):
+    """turboquant_k3v4_nc at head_dim 64 with its token order (KVKIT_DECODE_K3V4=1): the tile
+    pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers (sm_90 4 x 1: 127,
+    sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core shapes."""
+    bad, cases, jobs = [], [], []
+    for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4)):
+        defines = dict(formats.get("turboquant_k3v4_nc", 64).cuda_defines())
+        defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
+                       KVKIT_DECODE_K3V4="1")  # fmt: skip
+        cases.append((group, q_len))
+        jobs.append(("decode_turboquant.cu", defines, arch))
     for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
         assert "mma.sync.aligned" in res.ptx, case
         spills = _SPILL_RE.findall(res.log)

@@ -1885,3 +1885,78 @@ def test_tq3_256_matches_float64_at_every_split_count(cp, value, group, q_len, m
                 block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=19 + group + int(value))  # fmt: skip
     check_against_reference(case)
+
+
+# --- k3v4_nc at head_dim 256 and 64 (KVKIT_DECODE_K3V4, decode_turboquant.cu KV_TQ_KSPLIT) ---
+# 1: at 256 each lane's 3-bit key codes as two interleaved 12-byte chunks (the query's dims
+# permuted to match, kv_mma_kdim) with 4bit_nc's token order, at 64 a token order of its own;
+# 2: the chunks alone (64 as 0). Both sum the same products in another order (the score mma's
+# k order; which lane sums which token): within float32 reassociation of 0, in the tile pairs
+# (<= 4 query rows at 256 on sm_90 / sm_100, <= 8 at 64) and the single-tile loop (8 rows at
+# 256, and every build through KVKIT_ARCH=sm_80). The other presets and head_dim 128 build the
+# same code under every value.
+K3V4_CASES = [(256, *c) for c in TQ3_256_CASES] + [
+    (64, 4, 1, 16, None), (64, 8, 1, 64, 70), (64, 2, 2, 16, None), (64, 1, 1, 128, 200),
+    (64, 16, 1, 16, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("head_dim, group, q_len, block_size, window", K3V4_CASES)
+def test_k3v4_matches_the_build_before(cp, value, head_dim, group, q_len, block_size, window,
+                                       monkeypatch):  # fmt: skip
+    """turboquant_k3v4_nc at head_dim 256 and 64, KVKIT_DECODE_K3V4=1 / 2 against 0 (float32
+    reassociation; 2 at 64 is 0's code): ragged lengths (partial and odd last tiles, warps
+    without a page in the last tile), 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    _tq3_256_env(monkeypatch)
+    case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
+                window=window, seed=block_size + 3 * group + q_len + 41)  # fmt: skip
+    exact = "all" if (head_dim, value) == (64, "2") else "none"
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_K3V4", value, "0", exact=exact)
+
+
+@pytest.mark.parametrize(
+    "value, head_dim", [("1", 256), ("2", 256), ("1", 64)]
+)  # fmt: skip
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_k3v4_refills_the_page_windows(cp, value, head_dim, block_size, monkeypatch):
+    """Splits of 70 (even) and 33 (odd) tiles of k3v4_nc at head_dim 256 and 64 (page-window
+    refills between pairs), with and without a window, against 0."""
+    _tq3_256_env(monkeypatch)
+    for window in (None, 2500):
+        case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=1, group=4, q_len=1,
+                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
+                    window=window, seed=block_size + 53)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_K3V4", value, "0", exact="none")
+
+
+@pytest.mark.parametrize(
+    "name, head_dim", [("turboquant_k3v4_nc", 128), ("turboquant_3bit_nc", 256),
+                       ("turboquant_4bit_nc", 256), ("turboquant_4bit_nc", 64)]
+)  # fmt: skip
+def test_k3v4_leaves_the_others_alone(cp, name, head_dim, monkeypatch):
+    """KVKIT_DECODE_K3V4=1 builds the same code for k3v4_nc at head_dim 128 and for the other
+    presets: bit for bit against 0."""
+    _tq3_256_env(monkeypatch)
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None, seed=head_dim + 7)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_K3V4", "1", "0")
+
+
+@pytest.mark.parametrize(
+    "value, head_dim", [("1", 256), ("2", 256), ("1", 64)]
+)  # fmt: skip
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1)])
+def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q_len,
+                                                   monkeypatch):  # fmt: skip
+    """turboquant_k3v4_nc at head_dim 256 under KVKIT_DECODE_K3V4=1 / 2 and at 64 under 1:
+    every split count (1, 3, MAX_SPLITS, the heuristic) within DECODE_GPU_RTOL of float64 and
+    SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    _tq3_256_env(monkeypatch)
+    monkeypatch.setenv("KVKIT_DECODE_K3V4", value)
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
+                block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=29 + group + int(value))  # fmt: skip
+    check_against_reference(case)
