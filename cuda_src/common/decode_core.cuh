@@ -2198,11 +2198,18 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
 // Launch facts of this module's stage-1 kernel: dynamic shared bytes, threads per CTA, tokens
 // per tile (the split heuristic's least split), and the tile loop it was built with (bits:
-// 1 tile pairs, 2 the target has bulk copies, 4 warp slabs; kvkit/cuda/split_builds.py picks
-// another build of the same kernel from them and the length of a split). The launcher reads
-// them once per module (cupy RawModule.get_global), so host and device can never disagree.
-#define KVD_LOOP_FLAGS \
-    ((KVD_TILE_PAIRS ? 1 : 0) | (KVKIT_BULK_COPY ? 2 : 0) | (KVD_BULK_WARP_SLABS ? 4 : 0))
+// 1 tile pairs, 2 the target has bulk copies, 4 warp slabs, 8 packed mma columns
+// (decode_mma.cuh KV_MMA_PACK); kvkit/cuda/split_builds.py picks another build of the same
+// kernel from them and the length of a split). The launcher reads them once per module
+// (cupy RawModule.get_global), so host and device can never disagree.
+#if KVD_USE_MMA && KV_MMA_PACK
+#define KVD_LOOP_PACKED 8
+#else
+#define KVD_LOOP_PACKED 0
+#endif
+#define KVD_LOOP_FLAGS                                                                    \
+    ((KVD_TILE_PAIRS ? 1 : 0) | (KVKIT_BULK_COPY ? 2 : 0) | (KVD_BULK_WARP_SLABS ? 4 : 0) | \
+     KVD_LOOP_PACKED)
 extern "C" {
 #if KVD_USE_MMA
 __device__ int kv_decode_launch[4] = {kvm::SMEM, kvd::THREADS, kvd::TILE, KVD_LOOP_FLAGS};

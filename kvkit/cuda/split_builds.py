@@ -18,8 +18,10 @@ from ..splits import page_range
 __all__ = [
     "K8V4_SLABS_MIN_TILES",
     "LOOP_BULK_COPY",
+    "LOOP_PACKED",
     "LOOP_TILE_PAIRS",
     "LOOP_WARP_SLABS",
+    "NVFP4_PACKED_PAIRS_MIN_TILES",
     "NVFP4_PAIRS_MIN_TILES",
     "split_length_switches",
     "split_tiles",
@@ -27,10 +29,13 @@ __all__ = [
 
 #: Bits of a stage-1 module's loop flags (decode_core.cuh KVD_LOOP_FLAGS, the 4th entry of
 #: ``kv_decode_launch``): the build has the tile-pair loop; its target has bulk copies (the
-#: copy engine, sm_90+, which warp pipes need); its fast launches copy per-warp slabs.
+#: copy engine, sm_90+, which warp pipes need); its fast launches copy per-warp slabs; its
+#: mmas carry packed columns (decode_mma.cuh KV_MMA_PACK: NVFP4 from head_dim 128 at
+#: G * q_len <= 4, kvkit/cuda/decode.py KVKIT_DECODE_NV_PACK; TurboQuant's variant 1).
 LOOP_TILE_PAIRS = 1
 LOOP_BULK_COPY = 2
 LOOP_WARP_SLABS = 4
+LOOP_PACKED = 8
 
 #: NVFP4's tile-pair loop at head_dim 128 needs at least this many tiles per split to beat the
 #: single-tile loop (a pair waits for both its tiles before its first score, and its prologue
@@ -51,6 +56,16 @@ LOOP_WARP_SLABS = 4
 #: off, +18%), and other head_dims were not measured: no rule there. TurboQuant's pairs won at
 #: every length (-7 to -11%, 8 tiles included): no rule for them.
 NVFP4_PAIRS_MIN_TILES = 12
+
+#: The same for NVFP4's packed builds (LOOP_PACKED: one PV mma per m-tile and tile, session
+#: 16), whose packing made the single-tile loop 5-6% faster at 9-16 tiles and the pairs not:
+#: measured on the H200 (session 16, calls 4 and 5; graph ms, pairs off -> on, two runs each):
+#: 9 tiles (1, 36864) 0.0236 / 0.0238 -> 0.0252 / 0.0251; 11 tiles +7%; 12 tiles (1, 49152)
+#: 0.0289 / 0.0289 -> 0.0299 / 0.0299; 16 tiles (1, 65536) 0.0351 / 0.0351 -> 0.0361 / 0.0352,
+#: (8, 8192) +0.6%; 24 tiles (1, 98304) 0.0484 / 0.0482 -> 0.0480 / 0.0480; 32 tiles
+#: (1, 131072) -1.6%, (16, 8192) -2.3 / -3.9%, (32, 4096) -5.5%; 128 tiles (64, 8192) 0.2193 /
+#: 0.2162 -> 0.1945 / 0.1935. 17-23 tiles were not measured (about even by interpolation).
+NVFP4_PACKED_PAIRS_MIN_TILES = 24
 
 #: turboquant_k8v4 at head_dim 128 copies whole pages by default; its warp-slab build
 #: (KVKIT_DECODE_TQ_SLABS=1, with warp pipes where the target has bulk copies) needs at least
@@ -93,12 +108,8 @@ def split_length_switches(fmt, loop: int, tiles: int) -> tuple[tuple[str, str], 
         loop: the default build's loop flags (LOOP_* bits).
         tiles: int >= 0, tiles in the longest split (``split_tiles``).
     """
-    if (
-        fmt.family == "nvfp4"
-        and fmt.head_dim == 128
-        and loop & LOOP_TILE_PAIRS
-        and tiles < NVFP4_PAIRS_MIN_TILES
-    ):
+    least = NVFP4_PACKED_PAIRS_MIN_TILES if loop & LOOP_PACKED else NVFP4_PAIRS_MIN_TILES
+    if fmt.family == "nvfp4" and fmt.head_dim == 128 and loop & LOOP_TILE_PAIRS and tiles < least:
         return (("KVKIT_DECODE_TILE_PAIRS", "0"),)
     if (
         fmt.name == "turboquant_k8v4"

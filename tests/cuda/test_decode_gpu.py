@@ -1683,7 +1683,7 @@ _SPLIT_LENGTH_SWITCH = {
 @pytest.mark.parametrize("name", sorted(_SPLIT_LENGTH_SWITCH))
 def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
     """Sequence 0 spans 281 pages of 16 tokens (71 tiles in 1 split). At three split counts,
-    one split, the most splits whose longest split reaches NVFP4_PAIRS_MIN_TILES and the
+    one split, the most splits whose longest split reaches NVFP4's pair threshold and the
     fewest below it: NVFP4 launches its single-tile build below the threshold and k8v4 its
     warp-slab build from K8V4_SLABS_MIN_TILES (where the default build's loop flags allow:
     sm_90 / sm_100). The kernel launched is that build's, and its results equal the build
@@ -1704,8 +1704,10 @@ def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
     def tiles(num_splits):
         return sb.split_tiles(max_tokens, 16, num_splits, tile)
 
-    short = min(s for s in range(1, 300) if tiles(s) < sb.NVFP4_PAIRS_MIN_TILES)
-    assert tiles(1) >= sb.K8V4_SLABS_MIN_TILES and tiles(short - 1) >= sb.NVFP4_PAIRS_MIN_TILES
+    # NVFP4's packed builds (G = 4 from head_dim 128) have their own threshold.
+    least = sb.NVFP4_PACKED_PAIRS_MIN_TILES if loop & sb.LOOP_PACKED else sb.NVFP4_PAIRS_MIN_TILES
+    short = min(s for s in range(1, 300) if tiles(s) < least)
+    assert tiles(1) >= sb.K8V4_SLABS_MIN_TILES and tiles(short - 1) >= least
     ref_o, ref_lse = case.reference()
     fired = []
     for num_splits in (1, short - 1, short):

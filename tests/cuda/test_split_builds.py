@@ -46,18 +46,19 @@ def test_split_tiles_rejects_bad_arguments():
         sb.split_tiles(100, 0, 1, 64)
 
 
-ALL_LOOPS = range(8)
+ALL_LOOPS = range(16)
 
 
 @pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
 @pytest.mark.parametrize("head_dim", [64, 96, 128, 256])
 def test_nvfp4_pair_builds_give_short_splits_the_single_tile_loop(name, head_dim):
     """At head_dim 128 only: at 64 the pairs measured faster at every split length, other
-    head_dims were not measured."""
+    head_dims were not measured. Packed builds (LOOP_PACKED) need longer splits for pairs."""
     fmt = formats.get(name, head_dim)
-    short = sb.NVFP4_PAIRS_MIN_TILES - 1
     for loop in ALL_LOOPS:
         pairs = bool(loop & sb.LOOP_TILE_PAIRS) and head_dim == 128
+        packed = bool(loop & sb.LOOP_PACKED)
+        short = (sb.NVFP4_PACKED_PAIRS_MIN_TILES if packed else sb.NVFP4_PAIRS_MIN_TILES) - 1
         for tiles in (0, 1, short):
             want = (("KVKIT_DECODE_TILE_PAIRS", "0"),) if pairs else ()
             assert sb.split_length_switches(fmt, loop, tiles) == want
@@ -106,21 +107,24 @@ def _loop_flags(name: str, head_dim: int, arch: str, **switches: str) -> int:
     return int(words[3])
 
 
-P, B, S = sb.LOOP_TILE_PAIRS, sb.LOOP_BULK_COPY, sb.LOOP_WARP_SLABS
+P, B, S, K = sb.LOOP_TILE_PAIRS, sb.LOOP_BULK_COPY, sb.LOOP_WARP_SLABS, sb.LOOP_PACKED
 
 
 @pytest.mark.parametrize(
     "name, head_dim, arch, switches, flags",
     [
-        ("nvfp4", 128, "sm_90", {}, P | B | S),  # the pair loop on warp slabs
-        ("nvfp4", 128, "sm_90", {"KVKIT_DECODE_TILE_PAIRS": "0"}, B | S),
-        ("nvfp4", 64, "sm_100a", {}, P | B | S),
-        ("nvfp4", 128, "sm_120a", {}, B | S),  # no pairs on sm_120
-        ("nvfp4", 128, "sm_80", {}, 0),  # no copy engine: no slabs, no pairs
-        ("turboquant_k8v4", 128, "sm_90", {}, B),  # page runs
-        ("turboquant_k8v4", 128, "sm_90", {"KVKIT_DECODE_TQ_SLABS": "1"}, B | S),
-        ("turboquant_k8v4", 64, "sm_90", {}, P | B | S),
-        ("turboquant_4bit_nc", 128, "sm_90", {}, P | B | S),
+        ("nvfp4", 128, "sm_90", {}, P | B | S | K),  # packed pair loop on warp slabs
+        ("nvfp4", 128, "sm_90", {"KVKIT_DECODE_TILE_PAIRS": "0"}, B | S | K),
+        ("nvfp4", 128, "sm_90", {"KVKIT_DECODE_NV_PACK": "0"}, P | B | S),
+        ("nvfp4", 64, "sm_100a", {}, P | B | S),  # no packing below head_dim 128
+        ("nvfp4", 128, "sm_120a", {}, B | S | K),  # no pairs on sm_120
+        ("nvfp4", 128, "sm_80", {}, K),  # no copy engine: no slabs, no pairs
+        ("turboquant_k8v4", 128, "sm_90", {}, B | K),  # page runs
+        ("turboquant_k8v4", 128, "sm_90", {"KVKIT_DECODE_TQ_SLABS": "1"}, B | S | K),
+        ("turboquant_k8v4", 64, "sm_90", {}, P | B | S),  # TurboQuant packs from 128
+        ("turboquant_4bit_nc", 128, "sm_90", {}, P | B | S | K),
+        # Variant 0: neither packing nor, at head_dim 128, pairs (its query buffers).
+        ("turboquant_4bit_nc", 128, "sm_90", {"KVKIT_DECODE_TQ_VARIANT": "0"}, B | S),
     ],
 )
 def test_kernels_report_the_loop_they_were_built_with(name, head_dim, arch, switches, flags):
