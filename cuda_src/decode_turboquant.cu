@@ -289,7 +289,7 @@ __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int
     return kv_pow2(-e);
 }
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
-// -DKVKIT_DECODE_K3V4 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): k3v4_nc at
+// -DKVKIT_DECODE_K3V4 (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build before): k3v4_nc at
 // head_dim 256 and 64. 1: at 256 lane-interleaved key runs (KV_TQ_KSPLIT) and 4bit_nc's order
 // of KVKIT_DECODE_TQ_TOKEN_ORDER=2 (a(c) = 2 c, B = 8, K = 1; below), at 64 a token order of
 // its own (below); 2: the key runs alone (256; 64 as before).
@@ -303,8 +303,12 @@ __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
 // The chunks are whole codes (96 bits), so raw[] holds the lane's 64 codes as one bit stream as
 // before: kv_tq_kplan and the table offsets are unchanged. Scores are the same products summed
 // in another order (the mma's k order and which lane sums which token): float32 rounding.
+// Measured on the H200 (session 16, call 5; graph ms, 0 / 0 -> 1 / 1): (32, 4096) D = 256
+// 0.1272 / 0.1271 -> 0.1210 / 0.1202 (2: 0.1248), (8, 8192) D = 256 0.0725 / 0.0728 -> 0.0694 /
+// 0.0694, (32, 4096) D = 64 0.0523 / 0.0525 -> 0.0496 / 0.0497; 4bit_nc in the same call 0.1216,
+// 0.0694, 0.0498. Default 1.
 #ifndef KVKIT_DECODE_K3V4
-#define KVKIT_DECODE_K3V4 0
+#define KVKIT_DECODE_K3V4 1
 #endif
 #if KVKIT_DECODE_K3V4 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && KV_HEAD_DIM == 256
 #define KV_TQ_KSPLIT 1

@@ -107,11 +107,11 @@ lo sums joined after the loop: float32 rounding only, not the same bits), with 2
 the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
 bits unless a row's visible logits are all NaN.
 ``KVKIT_DECODE_K3V4=0`` / ``1`` / ``2`` (turboquant_k3v4_nc at head_dim 256 and 64, the
-tensor-core stage 1): as before (the default) / at 256 each lane's 3-bit key codes as two
+tensor-core stage 1): as before / at 256 each lane's 3-bit key codes as two
 interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte slot rows; the
 query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
-order: float32 rounding apart, the same attention. A/B runs.
+order: float32 rounding apart, the same attention. A/B runs; unset: 1.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -414,7 +414,7 @@ _FAMILY_SWITCHES = (
     # (0) (decode_nvfp4.cu KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
     ("KVKIT_DECODE_NV_PACK", ("0", "1", "2"), ("nvfp4",)),
     # turboquant_k3v4_nc: at head_dim 256 lane-interleaved key runs and a token order, at 64 a
-    # token order (1); the runs alone (2); or as before (0, the default) (decode_turboquant.cu
+    # token order (1, the default); the runs alone (2); or as before (0) (decode_turboquant.cu
     # KV_TQ_KSPLIT, KV_MMA_TOKEN_A).
     ("KVKIT_DECODE_K3V4", ("0", "1", "2"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh

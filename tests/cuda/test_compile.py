@@ -275,14 +275,16 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     tensor-core shapes (G x q_len 4x1, 8x1, 4x2, 2x4): no spills at the 255-register cap of
     D = 256. 3bit_nc's default takes its value windows, token order and pair addresses
     (KVKIT_DECODE_TQ3_256=2: 242-244 registers on sm_90 at 4 rows); also built with the
-    windows alone (=1: 246-250) and as before (=0). k3v4_nc also with its interleaved key
-    chunks (KVKIT_DECODE_K3V4=1 and 2: 234-255 on sm_90, at the cap at 4 x 1 as its default)."""
+    windows alone (=1: 246-250) and as before (=0). k3v4_nc's default takes its interleaved key
+    chunks (KVKIT_DECODE_K3V4=1: 234-255 on sm_90, at the cap at 4 x 1); also built as before
+    (=0). The A/B builds (3bit_nc's =0, k3v4's =0) on the pair targets sm_90 / sm_100a only."""
     bad, cases, jobs = [], [], []
     settings = ({}, {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"})
-    tq3 = ({"KVKIT_DECODE_TQ3_256": "1"}, {"KVKIT_DECODE_TQ3_256": "0"})
-    k3v4 = ({"KVKIT_DECODE_K3V4": "1"}, {"KVKIT_DECODE_K3V4": "2"})
+    tq3 = ({"KVKIT_DECODE_TQ3_256": "0"},)
+    k3v4 = ({"KVKIT_DECODE_K3V4": "0"},)
     for name in ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc"):
         more = {"turboquant_3bit_nc": tq3, "turboquant_k3v4_nc": k3v4}.get(name, ())
+        more = more if arch in ("sm_90", "sm_100a") else ()
         for extra in settings + more:
             for group, q_len in ((4, 1), (8, 1), (4, 2), (2, 4)):
                 defines = dict(formats.get(name, 256).cuda_defines())
@@ -300,9 +302,10 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
 def test_k3v4_d64_token_order_does_not_spill(arch):
-    """turboquant_k3v4_nc at head_dim 64 with its token order (KVKIT_DECODE_K3V4=1): the tile
-    pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers (sm_90 4 x 1: 127,
-    sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core shapes."""
+    """turboquant_k3v4_nc at head_dim 64 with its token order (KVKIT_DECODE_K3V4=1, the
+    default): the tile pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers
+    (sm_90 4 x 1: 127, sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core
+    shapes."""
     bad, cases, jobs = [], [], []
     for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4)):
         defines = dict(formats.get("turboquant_k3v4_nc", 64).cuda_defines())
