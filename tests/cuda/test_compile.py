@@ -53,6 +53,21 @@ HW_FP8 = {"sm_89", "sm_90", "sm_90a", "sm_100a", "sm_120a"}
 _SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 
 
+def _spilled_builds(cases, results, mma: bool = False) -> list:
+    """The cases (one per result of ``compile_entries(..., verbose_ptxas=True)``) whose ptxas
+    log reports spill stores or loads. Every log must carry the statistics (a log without them
+    would hide spills); with ``mma`` every PTX must hold the tensor-core mma."""
+    bad = []
+    for case, res in zip(cases, results, strict=True):
+        if mma:
+            assert "mma.sync.aligned" in res.ptx, case  # the tensor-core core
+        spills = _SPILL_RE.findall(res.log)
+        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
+        if any(int(s) or int(lo) for s, lo in spills):
+            bad.append((case, spills))
+    return bad
+
+
 @cache
 def _built(arch: str):
     return compile_only(arch)
@@ -160,18 +175,12 @@ def _variants():
 
 @pytest.mark.parametrize("arch", TARGETS)
 def test_no_kernel_spills(arch):
-    bad = []
     variants = _variants()
     results = compile_entries(
         [(entry, _defines(name, d, dt, slot_t), arch) for entry, name, d, dt, slot_t in variants],
         verbose_ptxas=True,
     )
-    for (entry, name, d, dt, _), res in zip(variants, results, strict=True):
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics in the log of {entry} [{name}]: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((entry, name, d, dt, spills))
-    assert bad == []
+    assert _spilled_builds(variants, results) == []
 
 
 # The tensor-core decode stage 1 (decode_mma.cuh) is capped at 128 registers for R <= 8 rows
@@ -183,7 +192,7 @@ _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_decode_does_not_spill(arch):
-    bad, cases, jobs = [], [], []
+    cases, jobs = [], []
     # "nvfp4-unpack0": NVFP4 with the pair-by-pair E2M1 unpacking (KVKIT_DECODE_NVFP4_UNPACK=0,
     # kept for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "nvfp4-rev0":
@@ -256,15 +265,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                 defines[key] = value
             cases.append((name, group, q_len, d, q_dtype))
             jobs.append((_DECODE_ENTRY[fmt.family], defines, arch))
-    for (name, group, q_len, d, q_dtype), res in zip(
-        cases, compile_entries(jobs, verbose_ptxas=True), strict=True
-    ):
-        assert "mma.sync.aligned" in res.ptx, (name, group, q_len, d)  # the tensor-core core
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics for {name}: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((name, group, q_len, d, q_dtype, spills))
-    assert bad == []
+    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
@@ -278,7 +279,7 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     windows alone (=1: 246-250) and as before (=0). k3v4_nc's default takes its interleaved key
     chunks (KVKIT_DECODE_K3V4=1: 234-255 on sm_90, at the cap at 4 x 1); also built as before
     (=0). The A/B builds (3bit_nc's =0, k3v4's =0) on the pair targets sm_90 / sm_100a only."""
-    bad, cases, jobs = [], [], []
+    cases, jobs = [], []
     settings = ({}, {"KVKIT_DECODE_TQ_TOKEN_ORDER": "2"})
     tq3 = ({"KVKIT_DECODE_TQ3_256": "0"},)
     k3v4 = ({"KVKIT_DECODE_K3V4": "0"},)
@@ -291,13 +292,7 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
                 defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **extra)
                 cases.append((name, tuple(extra), group, q_len))
                 jobs.append(("decode_turboquant.cu", defines, arch))
-    for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
-        assert "mma.sync.aligned" in res.ptx, case
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((case, spills))
-    assert bad == []
+    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
@@ -306,20 +301,14 @@ def test_k3v4_d64_token_order_does_not_spill(arch):
     default): the tile pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers
     (sm_90 4 x 1: 127, sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core
     shapes."""
-    bad, cases, jobs = [], [], []
+    cases, jobs = [], []
     for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4)):
         defines = dict(formats.get("turboquant_k3v4_nc", 64).cuda_defines())
         defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
                        KVKIT_DECODE_K3V4="1")  # fmt: skip
         cases.append((group, q_len))
         jobs.append(("decode_turboquant.cu", defines, arch))
-    for case, res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
-        assert "mma.sync.aligned" in res.ptx, case
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics for {case}: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((case, spills))
-    assert bad == []
+    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
 
 
 def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
@@ -362,7 +351,7 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     256 (k8v4 also 512) and every input dtype builds without spills, as the default does
     (test_no_kernel_spills builds the default)."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
-    bad, cases, jobs = [], [], []
+    cases, jobs = [], []
     for name in TQ:
         for d in (64, 128, 256, 512) if name == "turboquant_k8v4" else (64, 128, 256):
             for dt in ("0", "1", "2"):
@@ -370,12 +359,7 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
                 assert defines["TQ_VARIANT"] == variant
                 cases.append((name, d, dt))
                 jobs.append(("write_turboquant.cu", defines, arch))
-    for (name, d, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics for {name} D={d} dtype {dt}: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((name, d, dt, spills))
-    assert bad == []
+    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
 
 
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
@@ -439,13 +423,7 @@ def test_dense_fast_body_does_not_spill(arch, monkeypatch):
         fmt = formats.get(name, 128)
         defines = _defines(name, 128, dt, "long long", **dense_launch_defines(fmt, dt))
         jobs.append(("write_dense.cu", defines, arch))
-    bad = []
-    for (name, dt), res in zip(cases, compile_entries(jobs, verbose_ptxas=True), strict=True):
-        spills = _SPILL_RE.findall(res.log)
-        assert spills, f"no ptxas statistics for {name} dtype {dt}: {res.log!r}"
-        if any(int(s) or int(lo) for s, lo in spills):
-            bad.append((name, dt, spills))
-    assert bad == []
+    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
 
 
 def test_compile_entries_keeps_job_order_and_raises_a_failure():
