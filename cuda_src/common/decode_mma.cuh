@@ -1178,32 +1178,25 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 }
             }
 #else
-#if KV_MMA_PACK
-            // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile.
-            constexpr int NPART = 1;
+            // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile; else
+            // P's hi and lo parts, two mmas.
+            constexpr int NPART = KV_MMA_PACK ? 1 : 2;
             unsigned bp[NR][NPART][2];
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
+#if KV_MMA_PACK
                     bp[nr][0][tt] = kv_movmatrix_trans(kv_split_f16x2_packed(
                         p[nr][0][tt] * P_SCALE, p[nr][1][tt] * P_SCALE, pk_negm));
-                }
-            }
 #else
-            constexpr int NPART = 2;
-            unsigned bp[NR][NPART][2];
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                for (int tt = 0; tt < 2; ++tt) {
                     unsigned hi, lo;
                     kv_split_f16x2(p[nr][0][tt] * P_SCALE, p[nr][1][tt] * P_SCALE, &hi, &lo);
                     bp[nr][0][tt] = kv_movmatrix_trans(hi);
                     bp[nr][1][tt] = kv_movmatrix_trans(lo);
+#endif
                 }
             }
-#endif
 #endif
 #if KV_MMA_V_REGS
             // V^T's A fragments from registers: tokens 2c, 2c + 1 (a0, a1) and 2c + 8, 2c + 9

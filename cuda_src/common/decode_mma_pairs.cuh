@@ -405,9 +405,9 @@ if (pipe.slabs) {
             }
         }
 #else
-#if KV_MMA_PACK
-        // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile and tile.
-        constexpr int NPART = 1;
+        // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile and tile;
+        // else P's hi and lo parts, two mmas.
+        constexpr int NPART = KV_MMA_PACK ? 1 : 2;
         unsigned bp[2][NR][NPART][2];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -415,30 +415,20 @@ if (pipe.slabs) {
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
+#if KV_MMA_PACK
                     bp[h][nr][0][tt] = kv_movmatrix_trans(
                         kv_split_f16x2_packed(p[nr][0][2 * h + tt] * P_SCALE,
                                               p[nr][1][2 * h + tt] * P_SCALE, pk_negm));
-                }
-            }
-        }
 #else
-        constexpr int NPART = 2;
-        unsigned bp[2][NR][NPART][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int nr = 0; nr < NR; ++nr) {
-#pragma unroll
-                for (int tt = 0; tt < 2; ++tt) {
                     unsigned hi, lo;
                     kv_split_f16x2(p[nr][0][2 * h + tt] * P_SCALE, p[nr][1][2 * h + tt] * P_SCALE,
                                    &hi, &lo);
                     bp[h][nr][0][tt] = kv_movmatrix_trans(hi);
                     bp[h][nr][1][tt] = kv_movmatrix_trans(lo);
+#endif
                 }
             }
         }
-#endif
 #endif
         // V^T's A fragments from registers, per tile as in the single-tile body.
         unsigned vraw[2][4][KV_MMA_VRAW];
