@@ -401,12 +401,6 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 }
 #endif
 
-// The pair loop's issue and mask trims (decode_core.cuh KVD_NV_ISSUE) on by default. Measured
-// on the H200 (session 16, call 1; graph ms, 0 / 0 -> 1 / 1): (64, 8192) 0.2030 / 0.2042 ->
-// 0.1943 / 0.1931, D = 64 (32, 4096) 0.0423 / 0.0420 -> 0.0394 / 0.0397; (1, 131072), (8, 8192)
-// and 8-16 tiles per split within run-to-run spread.
-#define KV_NV_ISSUE_DEFAULT 1
-
 // Packed mma columns and the unguarded softmax (env KVKIT_DECODE_NV_PACK=0 / 1 / 2,
 // kvkit/cuda/decode.py; A/B runs; 0 is the build before; benchmarks/NOTES.md "nv17"):
 //   1: packed columns (decode_mma.cuh KV_MMA_PACK, KV_MMA_PACK_F16): at G * q_len <= 4 the

@@ -234,16 +234,15 @@
 // NVFP4 pair issue trims (KVKIT_DECODE_NV_ISSUE=0 / 1, kvkit/cuda/decode.py, for A/B builds):
 // on top of KVD_PAIR_ADDR, instruction cuts in the pair loop that keep every load, copy and
 // float operation (decode_mma_pairs.cuh and KvTilePipe::issue_pair say which): the same bits.
-// The default is the family's (KV_NV_ISSUE_DEFAULT): 1 for NVFP4 (decode_nvfp4.cu).
-// TurboQuant's pair loop has its own switch (below). benchmarks/NOTES.md "nv16" has the static
-// counts, "v16" the timings.
-#ifndef KV_NV_ISSUE_DEFAULT
-#define KV_NV_ISSUE_DEFAULT 0
-#endif
+// Pair addresses without one-row slots are NVFP4's alone; TurboQuant's pair loop has its own
+// switch (below). Default 1: measured on the H200 (session 16, call 1; graph ms, 0 / 0 -> 1 /
+// 1): (64, 8192) 0.2030 / 0.2042 -> 0.1943 / 0.1931, D = 64 (32, 4096) 0.0423 / 0.0420 ->
+// 0.0394 / 0.0397; (1, 131072), (8, 8192) and 8-16 tiles per split within run-to-run spread.
+// benchmarks/NOTES.md "nv16" has the static counts.
 #if defined(KVKIT_DECODE_NV_ISSUE)
 #define KVD_NV_ISSUE_ON KVKIT_DECODE_NV_ISSUE
 #else
-#define KVD_NV_ISSUE_ON KV_NV_ISSUE_DEFAULT
+#define KVD_NV_ISSUE_ON 1
 #endif
 // TurboQuant pair issue trims (KVKIT_DECODE_TQ_ISSUE=0 / 1, kvkit/cuda/decode.py, for A/B
 // builds): the same cuts in the codebook presets' pair loop (lane offsets of one-row slots,
