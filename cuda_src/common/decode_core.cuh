@@ -164,6 +164,37 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
+// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1, env
+// KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; default 0, A/B builds): the targets without
+// bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
+// JITs for newer GPUs under KVKIT_ARCH=sm_80) keep the single-tile loop with a CTA barrier
+// per tile, the loop the warp pipes above took off the bulk builds. In the tensor-core core
+// the cp.async copies of a fast launch with pages of >= 16 tokens are already the warp's
+// own: row planes by thread (row_t = tid / TPT, TPT = 2: warp w's rows 16 w .. 16 w + 15, row
+// runs too), slab planes by warp sub-runs (16 w ..), and the core reads only its warp's 16
+// tokens of the stage and of the page ring (tw0 = 16 w; kv_v_operand_tile's V tile is per
+// warp). Only the ring was shared: threads < TILE (warps 0 and 1) filled all 64 entries.
+// Here warp w's lanes 0..15 fill its own 16 (KVD_RING_T / KVD_RING_FILL: the same entries
+// loaded, checked and flagged, by other threads), so such launches need no CTA barrier per
+// tile: cp.async.wait_group is per thread, and __syncwarp orders the warp's lanes' copies,
+// ring stores and stage reads as the CTA barrier did for the CTA (KvTilePipe::tile_sync;
+// `local`). The same copies of the same bytes and the same float operations: the same bits.
+// Other launches (strided or unaligned planes, pages of < 16 tokens) keep the CTA barrier.
+// Not on bulk-copy targets (sm_90+ PTX is the build without it).
+#if defined(KVKIT_DECODE_CP_ASYNC_V2)
+#define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
+#else
+#define KVD_CP_WARP_PIPE_ON 0
+#endif
+#define KVD_CP_WARP_PIPE (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA)
+// The page ring's filling threads and each one's tile token (see KVD_CP_WARP_PIPE).
+#if KVD_CP_WARP_PIPE
+#define KVD_RING_FILL ((threadIdx.x & 31u) < 16u)
+#define KVD_RING_T ((int)(16u * (threadIdx.x / 32u) + (threadIdx.x & 15u)))
+#else
+#define KVD_RING_FILL (threadIdx.x < kvd::TILE)
+#define KVD_RING_T threadIdx.x
+#endif
 // Tile pairs (default 1; KVKIT_DECODE_TILE_PAIRS=0 / 1, kvkit/cuda/decode.py, for A/B builds):
 // the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
 // slab launches: one online-softmax update and one fresh-accumulator add per m-tile for the
@@ -1093,6 +1124,10 @@ struct KvTilePipe {
     unsigned stg_sa;
 #endif
 #endif
+#if KVD_CP_WARP_PIPE
+    bool local;    // fast and pages of >= 16 tokens: every warp's copies, ring entries and
+                   // stage reads are its own (KVD_CP_WARP_PIPE), so no CTA barrier per tile
+#endif
     bool runs;     // fast, pages of a multiple of 16 tokens and token-contiguous row planes:
                    // kvd::ROW_RUNS builds copy whole warp runs as row runs
 #if KVD_BULK
@@ -1135,9 +1170,9 @@ struct KvTilePipe {
     // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
     // the tile or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        const bool lv = live(j, threadIdx.x);
+        const bool lv = live(j, KVD_RING_T);
         const bool ok = kv_page_ok(e, num_blocks);
-        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
+        tp_ring[(j % kvd::NP) * kvd::TILE + KVD_RING_T] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
 #if KVD_WARP_PIPE
@@ -1207,12 +1242,12 @@ struct KvTilePipe {
             return;
         }
 #endif
-        if (threadIdx.x < kvd::TILE) {
+        if (KVD_RING_FILL) {
             int e[kvd::STAGES];
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, threadIdx.x);
-            pf_e0 = entry(kvd::STAGES, threadIdx.x);
-            pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
+            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, KVD_RING_T);
+            pf_e0 = entry(kvd::STAGES, KVD_RING_T);
+            pf_e1 = entry(kvd::STAGES + 1, KVD_RING_T);
 #pragma unroll
             for (int j = 0; j < kvd::STAGES; ++j) store(j, e[j]);
         }
@@ -1234,10 +1269,10 @@ struct KvTilePipe {
             return;
         }
 #endif
-        if (threadIdx.x < kvd::TILE) {
+        if (KVD_RING_FILL) {
             store(i + kvd::STAGES, pf_e0);
             pf_e0 = pf_e1;
-            pf_e1 = entry(i + kvd::STAGES + 2, threadIdx.x);
+            pf_e1 = entry(i + kvd::STAGES + 2, KVD_RING_T);
         }
     }
     __device__ __forceinline__ const int* pages(int j) const {
@@ -1600,6 +1635,12 @@ struct KvTilePipe {
             return;
         }
 #endif
+#if KVD_CP_WARP_PIPE
+        if (local) {
+            __syncwarp();
+            return;
+        }
+#endif
         __syncthreads();
     }
     // Tile i's copies have landed (before the tile's barrier).
@@ -1739,6 +1780,12 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.slabs = pp.fast && (block_size & 15) == 0 && (block_size & (block_size - 1)) == 0 && kv_plane_slabs<KV_P0_BYTES>(p0_vec) &&
                kv_plane_slabs<KV_P1_BYTES>(p1_vec) && kv_plane_slabs<KV_P2_BYTES>(p2_vec) &&
                kv_plane_slabs<KV_P3_BYTES>(p3_vec);
+#endif
+#if KVD_CP_WARP_PIPE
+    // (kv_issue_plane: row planes by row_t = tid / TPT, slab planes by warp sub-runs, which
+    // KvTilePipe::issue takes exactly when fast && block_size >= 16.)
+    static_assert(kvd::SUB16 && kvd::TPT * 16 == KV_WARP, "warp w's copies: tokens 16 w ..");
+    pp.local = pp.fast && block_size >= 16;
 #endif
     // Row runs: every row plane token-contiguous (the slab bit; with 16-byte rows that is
     // what it adds) and pages of a multiple of 16 tokens.
