@@ -450,6 +450,8 @@ _TILE_LOOP_SWITCHES = {
     # TurboQuant's build without packed mma columns has no pairs at D >= 128
     # (decode_turboquant.cu KV_TILE_PAIRS_ROWS).
     "KVKIT_DECODE_TQ_VARIANT",
+    # The cp.async path's warp-local tile loop (single-tile builds only: no bulk copies).
+    "KVKIT_DECODE_CP_ASYNC_V2",
 }
 
 
@@ -1961,4 +1963,58 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
     case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=29 + group + int(value))  # fmt: skip
+    check_against_reference(case)
+
+
+# --- the cp.async path's warp-local tile loop (KVKIT_DECODE_CP_ASYNC_V2, decode_core.cuh
+# KVD_CP_WARP_PIPE) ------------------------------------------------------------------------------
+# At 1 each warp fills its own 16 page-ring entries and, in fast launches (pages of >= 16
+# tokens), meets only its own lanes per tile (__syncwarp) instead of the CTA barrier. The same
+# copies and float operations: the same bits as 0. Only targets without bulk copies build it
+# (sm_80 / sm_86 / sm_89): run these with KVKIT_ARCH=sm_80 on newer GPUs. Natively on sm_90+
+# both values build the same kernel (a plumbing check there).
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+@pytest.mark.parametrize("window", [None, 70])
+def test_cp_async_v2_matches_the_build_before(cp, head_dim, block_size, window, monkeypatch):
+    """KVKIT_DECODE_CP_ASYNC_V2=1 against 0, bit for bit: ragged ends (a split's last tile
+    cut inside a warp's 16 tokens, warps without tokens), pages of 16 / 64 / 128 tokens (a
+    warp's 16 tokens from one page; several tiles a page), a window (masked tiles before
+    it), 1 and 3 splits."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + head_dim + 5)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "1", "0")
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window", [(1, 1, None), (8, 1, 5), (2, 4, 90)])
+def test_cp_async_v2_query_rows(cp, name, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 (the sm_80 ratio it is for) for other query rows: one row,
+    eight, causal q_len 4 with a window; NVFP4 and 4over6."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=40 + group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "1", "0")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_cp_async_v2_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree: warp 3's page of one tile bad, whose
+    ring entries warp 3 now checks itself) under KVKIT_DECODE_CP_ASYNC_V2=1 and 0: the same
+    flag, the same outputs bit for bit."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 4, monkeypatch,
+                           "KVKIT_DECODE_CP_ASYNC_V2")  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cp_async_v2_matches_float64_at_every_split_count(cp, head_dim, monkeypatch):
+    """Under KVKIT_DECODE_CP_ASYNC_V2=1, every split count within DECODE_GPU_RTOL of float64
+    and within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", "1")
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=23 + head_dim)  # fmt: skip
     check_against_reference(case)
