@@ -164,7 +164,7 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
-// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1, env
+// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1 / 2, env
 // KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; default 0, A/B builds): the targets without
 // bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
 // JITs for newer GPUs under KVKIT_ARCH=sm_80) keep the single-tile loop with a CTA barrier
@@ -187,6 +187,13 @@
 #define KVD_CP_WARP_PIPE_ON 0
 #endif
 #define KVD_CP_WARP_PIPE (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA)
+// KVKIT_DECODE_CP_ASYNC_V2=2: that, and no page ring in `slabs` launches (local, pages of a
+// power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
+// page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
+// block-table entry per warp and tile in registers where 16 lanes filled ring entries.
+#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON == 2)
+// The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
+#define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
 // The page ring's filling threads and each one's tile token (see KVD_CP_WARP_PIPE).
 #if KVD_CP_WARP_PIPE
 #define KVD_RING_FILL ((threadIdx.x & 31u) < 16u)
@@ -1146,7 +1153,10 @@ struct KvTilePipe {
     int n_tiles;
     int pf_e0;  // block-table entries of this thread's token in the next two tiles to store
     int pf_e1;
-#if KVD_WARP_PIPE
+#if KVD_CP_RINGLESS
+    bool slabs;    // local and power-of-two pages of >= 16 tokens: page windows, no ring
+#endif
+#if KVD_PAGE_WIN
     // Warp pipes' slab launches (pf_e0: the checked window, warp_page): the next window's
     // unchecked entries, and one page bit per issue (warp_has_page).
     int pf_raw;
@@ -1175,7 +1185,7 @@ struct KvTilePipe {
         tp_ring[(j % kvd::NP) * kvd::TILE + KVD_RING_T] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
     // Warp pipes' slab launches keep no page ring: warp w's 16 tokens of a tile (16 w ..
     // 16 w + 15) lie in one page (pages of a multiple of 16 tokens, tiles start on a page
     // start), so the warp needs one block-table entry per tile, that of its first token; for
@@ -1234,7 +1244,7 @@ struct KvTilePipe {
     // every entry loaded before the first is stored (a load-store loop waited for each load
     // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         if (slabs) {  // windows 0 (checked) and 1 (loaded), both loads in flight together
             const int e0 = window_entry(0);
             pf_raw = window_entry(1);
@@ -1257,7 +1267,7 @@ struct KvTilePipe {
     // its use, as one tile of a short kernel (fp16: ~1 us) does not cover a block-table load
     // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         if (slabs) {
             // Before the issue of tile 32 w (the next iteration's, when i + STAGES = 32 w):
             // window w checked, window w + 1 loaded.
@@ -1657,7 +1667,7 @@ struct KvTilePipe {
     }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         pg_bits <<= 1;  // tile j's page bit (slab launches: issue_bulk_slabs sets it)
 #endif
         if (j < n_tiles) {
@@ -1699,8 +1709,23 @@ struct KvTilePipe {
             at.row_x = (int)(16 * (tid % kvd::TPT));
             at.row_page = -1;
             at.row_off = 0;
+#if KVD_CP_RINGLESS
+            // Slab launches: the warp's page from its window (-1 unless its first token is in
+            // the tile and the entry good, as the ring's tp[16 w] was); each token's entry is
+            // that page when the token is in the tile (pages of >= 16 tokens, tiles on page
+            // starts), which the row_t < n / slab_tok < n tests below add.
+            int wpg = -1;
+            if (slabs) {
+                wpg = warp_page(j);
+                pg_bits |= wpg >= 0 ? 1u : 0u;  // (shifted above)
+            }
+#endif
             if constexpr (kvd::ROW_PLANES) {
+#if KVD_CP_RINGLESS
+                at.row_page = at.row_t < n ? (slabs ? wpg : tp[at.row_t]) : -1;
+#else
                 at.row_page = at.row_t < n ? tp[at.row_t] : -1;
+#endif
                 at.row_off = row_off >= 0 ? row_off : (t0 + at.row_t) % bs;
             }
             // Slab planes of fast launches with pages of >= 16 tokens: warp sub-runs
@@ -1716,7 +1741,11 @@ struct KvTilePipe {
                 at.slab_tpr = KV_WARP;
                 at.slab_tok = (int)(16 * (tid / KV_WARP));
                 at.slab_j0 = (int)(tid % KV_WARP);
+#if KVD_CP_RINGLESS
+                at.slab_page = at.slab_tok < n ? (slabs ? wpg : tp[at.slab_tok]) : -1;
+#else
                 at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
+#endif
                 at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1)) : t0 % bs + at.slab_tok;
             } else {
                 at.sc = bs < kvd::TILE ? bs : kvd::TILE;
@@ -1787,6 +1816,9 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     static_assert(kvd::SUB16 && kvd::TPT * 16 == KV_WARP, "warp w's copies: tokens 16 w ..");
     pp.local = pp.fast && block_size >= 16;
 #endif
+#if KVD_CP_RINGLESS
+    pp.slabs = pp.local && (block_size & 15) == 0 && (block_size & (block_size - 1)) == 0;
+#endif
     // Row runs: every row plane token-contiguous (the slab bit; with 16-byte rows that is
     // what it adds) and pages of a multiple of 16 tokens.
     constexpr bool RR = kvd::ROW_RUNS;
@@ -1815,7 +1847,7 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
     pp.pf_raw = 0;
     pp.pg_bits = 0u;
 #endif
