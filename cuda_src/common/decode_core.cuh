@@ -164,6 +164,44 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
+// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1 / 2, env
+// KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; default 0, A/B builds): the targets without
+// bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
+// JITs for newer GPUs under KVKIT_ARCH=sm_80) keep the single-tile loop with a CTA barrier
+// per tile, the loop the warp pipes above took off the bulk builds. In the tensor-core core
+// the cp.async copies of a fast launch with pages of >= 16 tokens are already the warp's
+// own: row planes by thread (row_t = tid / TPT, TPT = 2: warp w's rows 16 w .. 16 w + 15, row
+// runs too), slab planes by warp sub-runs (16 w ..), and the core reads only its warp's 16
+// tokens of the stage and of the page ring (tw0 = 16 w; kv_v_operand_tile's V tile is per
+// warp). Only the ring was shared: threads < TILE (warps 0 and 1) filled all 64 entries.
+// Here warp w's lanes 0..15 fill its own 16 (KVD_RING_T / KVD_RING_FILL: the same entries
+// loaded, checked and flagged, by other threads), so such launches need no CTA barrier per
+// tile: cp.async.wait_group is per thread, and __syncwarp orders the warp's lanes' copies,
+// ring stores and stage reads as the CTA barrier did for the CTA (KvTilePipe::tile_sync;
+// `local`). The same copies of the same bytes and the same float operations: the same bits.
+// Other launches (strided or unaligned planes, pages of < 16 tokens) keep the CTA barrier.
+// Not on bulk-copy targets (sm_90+ PTX is the build without it).
+#if defined(KVKIT_DECODE_CP_ASYNC_V2)
+#define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
+#else
+#define KVD_CP_WARP_PIPE_ON 0
+#endif
+#define KVD_CP_WARP_PIPE (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA)
+// KVKIT_DECODE_CP_ASYNC_V2=2: that, and no page ring in `slabs` launches (local, pages of a
+// power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
+// page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
+// block-table entry per warp and tile in registers where 16 lanes filled ring entries.
+#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON == 2)
+// The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
+#define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
+// The page ring's filling threads and each one's tile token (see KVD_CP_WARP_PIPE).
+#if KVD_CP_WARP_PIPE
+#define KVD_RING_FILL ((threadIdx.x & 31u) < 16u)
+#define KVD_RING_T ((int)(16u * (threadIdx.x / 32u) + (threadIdx.x & 15u)))
+#else
+#define KVD_RING_FILL (threadIdx.x < kvd::TILE)
+#define KVD_RING_T threadIdx.x
+#endif
 // Tile pairs (default 1; KVKIT_DECODE_TILE_PAIRS=0 / 1, kvkit/cuda/decode.py, for A/B builds):
 // the warp pipes' tile loop (decode_mma.cuh) takes tiles i, i + 1 per iteration in
 // slab launches: one online-softmax update and one fresh-accumulator add per m-tile for the
@@ -1092,6 +1130,10 @@ struct KvTilePipe {
     unsigned stg_sa;
 #endif
 #endif
+#if KVD_CP_WARP_PIPE
+    bool local;    // fast and pages of >= 16 tokens: every warp's copies, ring entries and
+                   // stage reads are its own (KVD_CP_WARP_PIPE), so no CTA barrier per tile
+#endif
     bool runs;     // fast, pages of a multiple of 16 tokens and token-contiguous row planes:
                    // kvd::ROW_RUNS builds copy whole warp runs as row runs
 #if KVD_BULK
@@ -1110,7 +1152,10 @@ struct KvTilePipe {
     int n_tiles;
     int pf_e0;  // block-table entries of this thread's token in the next two tiles to store
     int pf_e1;
-#if KVD_WARP_PIPE
+#if KVD_CP_RINGLESS
+    bool slabs;    // local and power-of-two pages of >= 16 tokens: page windows, no ring
+#endif
+#if KVD_PAGE_WIN
     // Warp pipes' slab launches (pf_e0: the checked window, warp_page): the next window's
     // unchecked entries, and one page bit per issue (warp_has_page).
     int pf_raw;
@@ -1134,12 +1179,12 @@ struct KvTilePipe {
     // Slot of tile j in the ring, entry e of this thread's token (threadIdx.x < TILE): -1 past
     // the tile or for a bad entry (flag bit 2).
     __device__ __forceinline__ void store(int j, int e) {
-        const bool lv = live(j, threadIdx.x);
+        const bool lv = live(j, KVD_RING_T);
         const bool ok = kv_page_ok(e, num_blocks);
-        tp_ring[(j % kvd::NP) * kvd::TILE + threadIdx.x] = lv && ok ? e : -1;
+        tp_ring[(j % kvd::NP) * kvd::TILE + KVD_RING_T] = lv && ok ? e : -1;
         if (lv && !ok) atomicOr(error_flag, KV_ERR_BLOCK_TABLE);
     }
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
     // Warp pipes' slab launches keep no page ring: warp w's 16 tokens of a tile (16 w ..
     // 16 w + 15) lie in one page (pages of a multiple of 16 tokens, tiles start on a page
     // start), so the warp needs one block-table entry per tile, that of its first token; for
@@ -1198,7 +1243,7 @@ struct KvTilePipe {
     // every entry loaded before the first is stored (a load-store loop waited for each load
     // in turn: STAGES memory round trips on the way to the first tile).
     __device__ __forceinline__ void prologue_pages() {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         if (slabs) {  // windows 0 (checked) and 1 (loaded), both loads in flight together
             const int e0 = window_entry(0);
             pf_raw = window_entry(1);
@@ -1206,12 +1251,12 @@ struct KvTilePipe {
             return;
         }
 #endif
-        if (threadIdx.x < kvd::TILE) {
+        if (KVD_RING_FILL) {
             int e[kvd::STAGES];
 #pragma unroll
-            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, threadIdx.x);
-            pf_e0 = entry(kvd::STAGES, threadIdx.x);
-            pf_e1 = entry(kvd::STAGES + 1, threadIdx.x);
+            for (int j = 0; j < kvd::STAGES; ++j) e[j] = entry(j, KVD_RING_T);
+            pf_e0 = entry(kvd::STAGES, KVD_RING_T);
+            pf_e1 = entry(kvd::STAGES + 1, KVD_RING_T);
 #pragma unroll
             for (int j = 0; j < kvd::STAGES; ++j) store(j, e[j]);
         }
@@ -1221,7 +1266,7 @@ struct KvTilePipe {
     // its use, as one tile of a short kernel (fp16: ~1 us) does not cover a block-table load
     // under full memory load.
     __device__ __forceinline__ void advance_pages(int i) {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         if (slabs) {
             // Before the issue of tile 32 w (the next iteration's, when i + STAGES = 32 w):
             // window w checked, window w + 1 loaded.
@@ -1233,10 +1278,10 @@ struct KvTilePipe {
             return;
         }
 #endif
-        if (threadIdx.x < kvd::TILE) {
+        if (KVD_RING_FILL) {
             store(i + kvd::STAGES, pf_e0);
             pf_e0 = pf_e1;
-            pf_e1 = entry(i + kvd::STAGES + 2, threadIdx.x);
+            pf_e1 = entry(i + kvd::STAGES + 2, KVD_RING_T);
         }
     }
     __device__ __forceinline__ const int* pages(int j) const {
@@ -1599,6 +1644,12 @@ struct KvTilePipe {
             return;
         }
 #endif
+#if KVD_CP_WARP_PIPE
+        if (local) {
+            __syncwarp();
+            return;
+        }
+#endif
         __syncthreads();
     }
     // Tile i's copies have landed (before the tile's barrier).
@@ -1615,7 +1666,7 @@ struct KvTilePipe {
     }
     // The copies of tile j (one commit group per tile slot, empty or not: uniform counting).
     __device__ __forceinline__ void issue(int j, KV_PLANE_PARAM_DECL) {
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
         pg_bits <<= 1;  // tile j's page bit (slab launches: issue_bulk_slabs sets it)
 #endif
         if (j < n_tiles) {
@@ -1657,8 +1708,23 @@ struct KvTilePipe {
             at.row_x = (int)(16 * (tid % kvd::TPT));
             at.row_page = -1;
             at.row_off = 0;
+#if KVD_CP_RINGLESS
+            // Slab launches: the warp's page from its window (-1 unless its first token is in
+            // the tile and the entry good, as the ring's tp[16 w] was); each token's entry is
+            // that page when the token is in the tile (pages of >= 16 tokens, tiles on page
+            // starts), which the row_t < n / slab_tok < n tests below add.
+            int wpg = -1;
+            if (slabs) {
+                wpg = warp_page(j);
+                pg_bits |= wpg >= 0 ? 1u : 0u;  // (shifted above)
+            }
+#endif
             if constexpr (kvd::ROW_PLANES) {
+#if KVD_CP_RINGLESS
+                at.row_page = at.row_t < n ? (slabs ? wpg : tp[at.row_t]) : -1;
+#else
                 at.row_page = at.row_t < n ? tp[at.row_t] : -1;
+#endif
                 at.row_off = row_off >= 0 ? row_off : (t0 + at.row_t) % bs;
             }
             // Slab planes of fast launches with pages of >= 16 tokens: warp sub-runs
@@ -1674,7 +1740,11 @@ struct KvTilePipe {
                 at.slab_tpr = KV_WARP;
                 at.slab_tok = (int)(16 * (tid / KV_WARP));
                 at.slab_j0 = (int)(tid % KV_WARP);
+#if KVD_CP_RINGLESS
+                at.slab_page = at.slab_tok < n ? (slabs ? wpg : tp[at.slab_tok]) : -1;
+#else
                 at.slab_page = at.slab_tok < n ? tp[at.slab_tok] : -1;
+#endif
                 at.slab_off = bs <= kvd::TILE ? (at.slab_tok & (bs - 1)) : t0 % bs + at.slab_tok;
             } else {
                 at.sc = bs < kvd::TILE ? bs : kvd::TILE;
@@ -1739,6 +1809,15 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
                kv_plane_slabs<KV_P1_BYTES>(p1_vec) && kv_plane_slabs<KV_P2_BYTES>(p2_vec) &&
                kv_plane_slabs<KV_P3_BYTES>(p3_vec);
 #endif
+#if KVD_CP_WARP_PIPE
+    // (kv_issue_plane: row planes by row_t = tid / TPT, slab planes by warp sub-runs, which
+    // KvTilePipe::issue takes exactly when fast && block_size >= 16.)
+    static_assert(kvd::SUB16 && kvd::TPT * 16 == KV_WARP, "warp w's copies: tokens 16 w ..");
+    pp.local = pp.fast && block_size >= 16;
+#endif
+#if KVD_CP_RINGLESS
+    pp.slabs = pp.local && (block_size & 15) == 0 && (block_size & (block_size - 1)) == 0;
+#endif
     // Row runs: every row plane token-contiguous (the slab bit; with 16-byte rows that is
     // what it adds) and pages of a multiple of 16 tokens.
     constexpr bool RR = kvd::ROW_RUNS;
@@ -1767,7 +1846,7 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.stg = stg;
     pp.pf_e0 = 0;
     pp.pf_e1 = 0;
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
     pp.pf_raw = 0;
     pp.pg_bits = 0u;
 #endif

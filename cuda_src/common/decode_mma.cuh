@@ -913,7 +913,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             pipe.advance_pages(i);
             const int t0 = pipe.first_token(i);
             const int n_tile = pipe.tile_tokens(i);
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
             // Warp pipes: slab launches have no ring; whether the warp has a page in the tile
             // (KvTilePipe::warp_has_page) stands for the ring's tp[t] >= 0 (page_ok; the same
             // values for the warp's tokens t). The ring slot only where the ring is read.
@@ -1071,7 +1071,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const bool full = !KVD_MASK_ALL && t0 + TILE <= pipe.t_hi &&
                               (QL == 1 || t0 + (TILE - 1) <= seq_len - QL) &&
                               (window <= 0 || t0 >= seq_len - window) &&
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
                               // (One page for the warp's 16 tokens, all in the tile here.)
                               (pipe.slabs ? whp
                                           : __all_sync(KV_FULL_MASK,
@@ -1106,7 +1106,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int tt = 0; tt < 2; ++tt) {
                     const int t = tw0 + kv_mma_tok(g + 8 * tt);
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
                     ok[tt] = t < n_tile && pipe.page_ok(i, whp, t);
 #else
                     ok[tt] = t < n_tile && tp[t] >= 0;
@@ -1218,7 +1218,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                 for (int k = 0; k < 4; ++k) {
                     const int t = tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1));
-#if KVD_WARP_PIPE
+#if KVD_PAGE_WIN
                     if (!(t < n_tile && pipe.page_ok(i, whp, t))) {
 #else
                     if (!(t < n_tile && tp[t] >= 0)) {

@@ -112,6 +112,14 @@ interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte s
 query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
+``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` (NVFP4 on the targets without bulk copies: sm_80,
+sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs; A/B runs; unset: 0): the tensor-core
+tile loop with the CTA barrier per tile / warp-local: each warp fills its own 16 page-ring
+entries and, in fast launches with pages of >= 16 tokens (whose cp.async copies are already
+the warp's own), meets its lanes only (__syncwarp) per tile / that, and with power-of-two pages
+of >= 16 tokens no ring at all (the warp pipes' page windows: one checked block-table entry
+per warp and tile, in registers); the same copies and float operations, so the same bits.
+sm_90+ builds are the same for every value.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -420,6 +428,12 @@ _FAMILY_SWITCHES = (
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
+    # The cp.async path's tile loop (targets without bulk copies: sm_80 / 86 / 89, and
+    # KVKIT_ARCH=sm_80 PTX): warp-local (1; ring filled per warp, __syncwarp per tile), that
+    # with page windows instead of the ring (2), or the CTA barrier per tile (0, the default)
+    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS). The core is shared; NVFP4 reads it
+    # for now (the sm_80 ratio it is for).
+    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4",)),
 )
 
 

@@ -450,6 +450,8 @@ _TILE_LOOP_SWITCHES = {
     # TurboQuant's build without packed mma columns has no pairs at D >= 128
     # (decode_turboquant.cu KV_TILE_PAIRS_ROWS).
     "KVKIT_DECODE_TQ_VARIANT",
+    # The cp.async path's warp-local tile loop (single-tile builds only: no bulk copies).
+    "KVKIT_DECODE_CP_ASYNC_V2",
 }
 
 
@@ -485,14 +487,14 @@ def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all
         assert lse_error(lse_new, ref_lse) <= DECODE_GPU_RTOL
 
 
-def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
+def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str, new: str = "1"):
     """Four sequences (G = 4, D = 128) whose block tables hold bad entries (one past the
     cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the first tile of the warp
-    pipes' second page window and a bad page for warp 3 of tile 40) under ``var=1`` and
-    ``var=0``: at 1, 3 and MAX_SPLITS splits the same flag (bit 2 set) and the same outputs,
-    bit for bit (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for
-    KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation (bad pages are masked per
-    tile of a pair)."""
+    pipes' second page window and a bad page for warp 3 of tile 40) under ``var=new`` (1
+    unless a switch has other values) and ``var=0``: at 1, 3 and MAX_SPLITS splits the same
+    flag (bit 2 set) and the same outputs, bit for bit (single-tile loops on both sides:
+    _TILE_LOOP_SWITCHES); for KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation
+    (bad pages are masked per tile of a pair)."""
     # KVKIT_DECODE_NV_PACK (NVFP4's packed mma columns at 1: float32 rounding only): pairs
     # on, within float32 reassociation.
     pairs = var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK")
@@ -521,7 +523,7 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str):
     bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
     for num_splits in (1, 3, MAX_SPLITS):
         outs = []
-        for value in ("1", "0"):
+        for value in (new, "0"):
             monkeypatch.setenv(var, value)
             case.gpu.error_flag.fill(0)
             o, lse = case.run(num_splits, block_tables=bt)
@@ -1961,4 +1963,63 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
     case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=29 + group + int(value))  # fmt: skip
+    check_against_reference(case)
+
+
+# --- the cp.async path's warp-local tile loop (KVKIT_DECODE_CP_ASYNC_V2, decode_core.cuh
+# KVD_CP_WARP_PIPE, KVD_CP_RINGLESS) ------------------------------------------------------------
+# At 1 each warp fills its own 16 page-ring entries and, in fast launches (pages of >= 16
+# tokens), meets only its own lanes per tile (__syncwarp) instead of the CTA barrier; at 2 the
+# same, and power-of-two pages of >= 16 tokens (every kvkit.cache launch) keep no ring: the
+# warp pipes' page windows in registers. The same copies and float operations: the same bits
+# as 0. Only targets without bulk copies build them (sm_80 / sm_86 / sm_89): run these with
+# KVKIT_ARCH=sm_80 on newer GPUs. Natively on sm_90+ every value builds the same kernel (a
+# plumbing check there).
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None), (16, 70)])
+def test_cp_async_v2_matches_the_build_before(cp, value, head_dim, block_size, window,
+                                              monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_CP_ASYNC_V2=1 / 2 against 0, bit for bit: ragged ends (a split's last
+    tile cut inside a warp's 16 tokens, warps without tokens), pages of 16 / 64 / 128 tokens
+    (a warp's 16 tokens from one page; several tiles a page), a window (masked tiles before
+    it), 1 and 3 splits; 20 * 64 + 37 tokens: page windows refilled (2)."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 70 * 64 - 27], window=window,
+                seed=block_size + head_dim + 5)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value, "0")
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window", [(1, 1, None), (8, 1, 5), (2, 4, 90)])
+def test_cp_async_v2_query_rows(cp, name, group, q_len, window, monkeypatch):
+    """KVKIT_DECODE_CP_ASYNC_V2=2 against 0 at head_dim 64 (the sm_80 ratio it is for) for
+    other query rows: one row, eight, causal q_len 4 with a window; NVFP4 and 4over6."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=40 + group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "2", "0")
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_cp_async_v2_flags_bad_pages_as_before(cp, value, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree: a bad first tile of page window 1,
+    warp 3's page of one tile bad, whose entries warp 3 now checks itself) under
+    KVKIT_DECODE_CP_ASYNC_V2=1 / 2 and 0: the same flag, the same outputs bit for bit."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 4, monkeypatch,
+                           "KVKIT_DECODE_CP_ASYNC_V2", value)  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, monkeypatch):
+    """Under KVKIT_DECODE_CP_ASYNC_V2=1 / 2, every split count within DECODE_GPU_RTOL of
+    float64 and within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", value)
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=23 + head_dim)  # fmt: skip
     check_against_reference(case)
