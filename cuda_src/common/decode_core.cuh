@@ -181,12 +181,19 @@
 // `local`). The same copies of the same bytes and the same float operations: the same bits.
 // Other launches (strided or unaligned planes, pages of < 16 tokens) keep the CTA barrier.
 // Not on bulk-copy targets (sm_90+ PTX is the build without it).
+// A family may set its own default (KV_CP_ASYNC_V2_DEFAULT, before this file): NVFP4 takes 2.
 #if defined(KVKIT_DECODE_CP_ASYNC_V2)
 #define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
+#elif defined(KV_CP_ASYNC_V2_DEFAULT)
+#define KVD_CP_WARP_PIPE_ON KV_CP_ASYNC_V2_DEFAULT
 #else
 #define KVD_CP_WARP_PIPE_ON 0
 #endif
-#define KVD_CP_WARP_PIPE (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA)
+// 2 reads pages through the V_REGS core's page masks only (decode_mma.cuh); other cores (NVFP4
+// at head_dim 96, fp16 / bf16) keep the CTA barrier build (0), which measured faster than 1.
+#define KVD_CP_WARP_PIPE                                                                       \
+    (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA &&                                  \
+     (KVD_CP_WARP_PIPE_ON == 1 || KV_MMA_V_REGS))
 // KVKIT_DECODE_CP_ASYNC_V2=2: that, and no page ring in `slabs` launches (local, pages of a
 // power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
 // page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked

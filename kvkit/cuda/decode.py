@@ -112,8 +112,10 @@ interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte s
 query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
-``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` (NVFP4 on the targets without bulk copies: sm_80,
-sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs; A/B runs; unset: 0): the tensor-core
+``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` (the tensor-core builds of every family on the
+targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs;
+A/B runs; unset: 2 for NVFP4, 0 for the others; 2 falls back to 0 where the core does not take
+V straight into registers: NVFP4 at head_dim 96, fp16 / bf16): the tensor-core
 tile loop with the CTA barrier per tile / warp-local: each warp fills its own 16 page-ring
 entries and, in fast launches with pages of >= 16 tokens (whose cp.async copies are already
 the warp's own), meets its lanes only (__syncwarp) per tile / that, and with power-of-two pages
@@ -430,10 +432,9 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
     # The cp.async path's tile loop (targets without bulk copies: sm_80 / 86 / 89, and
     # KVKIT_ARCH=sm_80 PTX): warp-local (1; ring filled per warp, __syncwarp per tile), that
-    # with page windows instead of the ring (2), or the CTA barrier per tile (0, the default)
-    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS). The core is shared; NVFP4 reads it
-    # for now (the sm_80 ratio it is for).
-    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4",)),
+    # with page windows instead of the ring (2), or the CTA barrier per tile (0)
+    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS; NVFP4's default 2, the others' 0).
+    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4", "turboquant", "fp8", "dense")),
 )
 
 

@@ -62,7 +62,8 @@ def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=()) -> dic
 def test_build_switches_reach_the_families_that_read_them(monkeypatch):
     """Each A/B switch becomes a define only for the formats whose stage 1 reads it; the warp
     pipes reach every family with warp slabs (NVFP4 and TurboQuant), the NaN-free E4M3 tiles
-    the formats with E4M3 bytes. Unset switches add no define."""
+    the formats with E4M3 bytes, the cp.async tile loop every tensor-core family. Unset switches
+    add no define."""
     from kvkit.cuda.decode import _FAMILY_SWITCHES
 
     names = [switch for switch, _, _ in _FAMILY_SWITCHES]
@@ -85,9 +86,10 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                                "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
                                "KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_TQ_PAIRS256",
                                "KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_TQ_ISSUE",
-                               "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_K3V4"},
-        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE"},
-        "fp16": set(),
+                               "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_K3V4",
+                               "KVKIT_DECODE_CP_ASYNC_V2"},
+        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2"},
+        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2"},
     }  # fmt: skip
     expect["turboquant_k8v4"] = expect["turboquant_4bit_nc"] | {"KVKIT_DECODE_FP8_NANTILE"}
     for name, wanted in expect.items():

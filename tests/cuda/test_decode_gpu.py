@@ -2013,6 +2013,31 @@ def test_cp_async_v2_flags_bad_pages_as_before(cp, value, block_size, monkeypatc
                            "KVKIT_DECODE_CP_ASYNC_V2", value)  # fmt: skip
 
 
+CP_ASYNC_V2_OTHERS = ("turboquant_4bit_nc", "turboquant_3bit_nc", "turboquant_k3v4_nc",
+                      "turboquant_k8v4", "fp8_e4m3", "fp16", "bf16")  # fmt: skip
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("name", CP_ASYNC_V2_OTHERS)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_cp_async_v2_other_families(cp, value, name, head_dim, monkeypatch):
+    """The other tensor-core families under KVKIT_DECODE_CP_ASYNC_V2=1 / 2 against 0, bit for
+    bit (fp16 / bf16 build 0 under 2: their core reads V through the ring): pages of 16 with
+    a window, a ragged 40 * 64 + 37 tokens (page windows refilled), 1 and 3 splits."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 37], window=70 if head_dim == 128 else None,
+                seed=61 + head_dim + len(name))  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value, "0")
+
+
+@pytest.mark.parametrize("value", ["1", "2"])
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "fp8_e4m3"])
+def test_cp_async_v2_other_families_flag_bad_pages(cp, value, name, monkeypatch):
+    """Bad block-table entries under KVKIT_DECODE_CP_ASYNC_V2=1 / 2 and 0 for TurboQuant and
+    fp8: the same flag, the same outputs bit for bit."""
+    assert_bad_pages_agree(name, 16, 23, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value)
+
+
 @pytest.mark.parametrize("value", ["1", "2"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, monkeypatch):
