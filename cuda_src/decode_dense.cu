@@ -115,6 +115,10 @@ __device__ __forceinline__ void kv_mma_vpair_finite(const unsigned* ra, const un
                                                     int j, unsigned* w0, unsigned* w1) {
     kv_dc_e4m3x4_f16x2_finite(kv_mma_vbytes(ra, rb, j), w0, w1);
 }
+// fp8 keeps the CTA barrier on the cp.async path (decode_core.cuh KVD_CP_WARP_PIPE_ON): through
+// KVKIT_ARCH=sm_80 on the H200 the page windows (2) were 3-6% faster at B = 1 / 8 / 32 but
+// 2.5% slower at (64, 8192) (0.3108 -> 0.3174 ms), the shape fp8 is measured at.
+#define KV_CP_ASYNC_V2_DEFAULT 0
 #else
 #define KV_MMA 1
 #define KV_MMA_KF 1.0f

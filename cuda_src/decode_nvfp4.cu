@@ -434,12 +434,6 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_MMA_PACK_OK (KV_NV_PACK == 1)
 #define KV_MMA_PACK_F16 1
 #define KV_MMA_EXP_CLAMP (KV_NV_PACK >= 1)
-// The cp.async path (sm_80 / 86 / 89, KVKIT_ARCH=sm_80 PTX) without the CTA barrier per tile,
-// through the page windows (decode_core.cuh KVD_CP_RINGLESS; env KVKIT_DECODE_CP_ASYNC_V2 sets
-// 0 / 1 / 2; same bits). Session 17, H200 through KVKIT_ARCH=sm_80, graph ms 0 -> 2: D = 64
-// (32, 4096) 0.0576 -> 0.0564, (64, 8192) 0.2806 -> 0.2524, (1, 131072) 0.0783 -> 0.0720,
-// (8, 8192) 0.0439 -> 0.0410; 1 (the page ring per warp) was slower than 0.
-#define KV_CP_ASYNC_V2_DEFAULT 2
 
 #include "common/decode_core.cuh"
 

@@ -165,8 +165,8 @@
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
 // Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1 / 2, env
-// KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; default 0, A/B builds): the targets without
-// bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
+// KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; A/B builds; default below): the targets
+// without bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
 // JITs for newer GPUs under KVKIT_ARCH=sm_80) keep the single-tile loop with a CTA barrier
 // per tile, the loop the warp pipes above took off the bulk builds. In the tensor-core core
 // the cp.async copies of a fast launch with pages of >= 16 tokens are already the warp's
@@ -181,13 +181,17 @@
 // `local`). The same copies of the same bytes and the same float operations: the same bits.
 // Other launches (strided or unaligned planes, pages of < 16 tokens) keep the CTA barrier.
 // Not on bulk-copy targets (sm_90+ PTX is the build without it).
-// A family may set its own default (KV_CP_ASYNC_V2_DEFAULT, before this file): NVFP4 takes 2.
+// Default 2, the page windows below (same bits). Session 17, H200 through KVKIT_ARCH=sm_80,
+// graph ms 0 -> 2: NVFP4 D = 64 (32, 4096) 0.0576 -> 0.0564, (64, 8192) 0.2806 -> 0.2524,
+// (1, 131072) 0.0783 -> 0.0720; 4bit_nc (64, 8192) 0.3238 -> 0.3015, D = 64 0.0651 -> 0.0625;
+// k8v4 (64, 8192) 0.2795 -> 0.2618; 1 (the page ring per warp) was slower than 0. A family may
+// set its own (KV_CP_ASYNC_V2_DEFAULT before this file: fp8 keeps 0).
 #if defined(KVKIT_DECODE_CP_ASYNC_V2)
 #define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
 #elif defined(KV_CP_ASYNC_V2_DEFAULT)
 #define KVD_CP_WARP_PIPE_ON KV_CP_ASYNC_V2_DEFAULT
 #else
-#define KVD_CP_WARP_PIPE_ON 0
+#define KVD_CP_WARP_PIPE_ON 2
 #endif
 // 2 reads pages through the V_REGS core's page masks only (decode_mma.cuh); other cores (NVFP4
 // at head_dim 96, fp16 / bf16) keep the CTA barrier build (0), which measured faster than 1.

@@ -114,8 +114,8 @@ for its 62-byte rows / the chunks alone (64 as before); the same products summed
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
 ``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` (the tensor-core builds of every family on the
 targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs;
-A/B runs; unset: 2 for NVFP4, 0 for the others; 2 falls back to 0 where the core does not take
-V straight into registers: NVFP4 at head_dim 96, fp16 / bf16): the tensor-core
+A/B runs; unset: 2, but 0 for fp8_e4m3; 2 falls back to 0 where the core does not take V
+straight into registers: NVFP4 at head_dim 96, fp16 / bf16): the tensor-core
 tile loop with the CTA barrier per tile / warp-local: each warp fills its own 16 page-ring
 entries and, in fast launches with pages of >= 16 tokens (whose cp.async copies are already
 the warp's own), meets its lanes only (__syncwarp) per tile / that, and with power-of-two pages
@@ -433,7 +433,7 @@ _FAMILY_SWITCHES = (
     # The cp.async path's tile loop (targets without bulk copies: sm_80 / 86 / 89, and
     # KVKIT_ARCH=sm_80 PTX): warp-local (1; ring filled per warp, __syncwarp per tile), that
     # with page windows instead of the ring (2), or the CTA barrier per tile (0)
-    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS; NVFP4's default 2, the others' 0).
+    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS; default 2, fp8's 0).
     ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4", "turboquant", "fp8", "dense")),
 )
 

@@ -222,7 +222,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # without its packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs;
     # default 1 from head_dim 128, 2 below); "-cpv2" / "-cpv20": NVFP4's cp.async tile loop
     # with the page ring per warp / the CTA barrier (KVKIT_DECODE_CP_ASYNC_V2=1 / 0, A/B runs;
-    # the default is 2, page windows; sm_80 / sm_89 only, the sm_90 build is the default's).
+    # the default is 2, page windows, for every family but fp8; sm_80 / sm_89 only, the sm_90
+    # build is the default's).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
