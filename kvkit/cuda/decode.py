@@ -122,6 +122,12 @@ the warp's own), meets its lanes only (__syncwarp) per tile / that, and with pow
 of >= 16 tokens no ring at all (the warp pipes' page windows: one checked block-table entry
 per warp and tile, in registers); the same copies and float operations, so the same bits.
 sm_90+ builds are the same for every value.
+``KVKIT_DECODE_SPEC_PAGES=0`` / ``1`` (the builds with page windows: NVFP4 and TurboQuant's
+tensor-core stage 1; A/B runs; unset: 0): the first two page windows' block-table entries
+loaded for the split range of a sequence of ``max_blocks`` pages, in flight with the
+``seq_lens`` load, and kept when the real range starts at the same token and ends no later
+(B = 1, or a sequence at the table's full length), else loaded again; the same entries, the
+same bits.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -435,6 +441,10 @@ _FAMILY_SWITCHES = (
     # with page windows instead of the ring (2), or the CTA barrier per tile (0)
     # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS; default 2, fp8's 0).
     ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4", "turboquant", "fp8", "dense")),
+    # The first two page windows' block-table entries loaded for a max_blocks-page sequence,
+    # in flight with seq_len, kept where the real split range allows (1), or after seq_len
+    # (0) (decode_core.cuh KVD_SPEC_PAGES; builds with page windows).
+    ("KVKIT_DECODE_SPEC_PAGES", ("0", "1"), ("nvfp4", "turboquant", "fp8", "dense")),
 )
 
 
