@@ -1926,6 +1926,8 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
         pp.pf_raw = pp.window_entry(1);
     }
 #endif
+    // (After the speculative loads: ptxas moves seq_len to a uniform register right after
+    // its load, which waits for it, so loads placed after it in the source issue late.)
     const int seq_len = seq_lens[b];
     *seq_len_out = seq_len;
     const bool len_ok = kv_seq_len_ok(seq_len, kvd::QL, max_blocks, block_size);
