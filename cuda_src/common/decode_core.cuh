@@ -191,7 +191,9 @@
 // power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
 // page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
 // block-table entry per warp and tile in registers where 16 lanes filled ring entries.
-#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON == 2)
+// =3: that, and the tile-pair loop (decode_mma_pairs.cuh, KVD_TILE_PAIRS below) on those
+// page windows: the warp pipes' pair loop with cp.async issue and group waits.
+#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON >= 2)
 // The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
 #define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
 // The page ring's filling threads and each one's tile token (see KVD_CP_WARP_PIPE).
@@ -236,9 +238,25 @@
 #ifndef KV_TILE_PAIRS_MAX_D
 #define KV_TILE_PAIRS_MAX_D 128
 #endif
-#define KVD_TILE_PAIRS                                                                 \
-    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
-     KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
+// The cp.async path's pair loop (KVKIT_DECODE_CP_ASYNC_V2=3, off unless asked for; the A/B
+// build for KVKIT_ARCH=sm_80 PTX on the H200, where the sm_90 pair loop took NVFP4 D = 64
+// from 0.0523 to 0.0442 ms): the page windows of =2 (a warp's 16 tokens per tile in one page
+// entry, pg_bits per issue) are all the pair loop reads of the warp pipes besides their
+// barriers, which cp.async's per-thread group waits replace (decode_mma_pairs.cuh). It
+// follows KVKIT_DECODE_TILE_PAIRS too, so the launcher's short-split rule
+// (kvkit/cuda/split_builds.py) and =0 A/B runs reach it.
+#define KVD_CP_PAIRS_ON (KVD_CP_RINGLESS && KVD_CP_WARP_PIPE_ON == 3)
+// Its staging rows are padded (NVFP4 D = 128: 80-byte code rows, 11,264 bytes a stage where
+// the bulk layout's 64-byte rows take 10,528), so at D > 64 four stages leave four CTAs per
+// SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4 query rows: at 8
+// rows the fp32 / bf16 queries' lo parts add 2.5 KB and the assert failed. Up to 8 at D = 64.
+#define KVD_CP_PAIRS_ROWS (KV_HEAD_DIM > 64 && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
+#define KVD_TILE_PAIRS                                                                      \
+    (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS) ||                        \
+      (KVD_CP_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KVD_CP_PAIRS_ROWS)) &&                       \
+     KVD_TILE_PAIRS_ON && KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
+// The pair loop on the cp.async path (no bulk copies: group waits, padded staging rows).
+#define KVD_CP_PAIRS (KVD_TILE_PAIRS && !KVD_WARP_PIPE)
 // Tile pairs' lane offsets (default 1; KVKIT_DECODE_PAIR_ADDR=0 / 1, kvkit/cuda/decode.py,
 // for A/B builds; 0 is the build before): the pair loop (decode_mma_pairs.cuh) reads its key
 // and value rows at per-lane byte offsets worked out once before the loop (opaque, so held

@@ -23,9 +23,9 @@
 // Numerics: float32 as in the single-tile body (DESIGN.md section 4), in another order: one
 // softmax rescale point per 32 tokens, l += (p0 + p1) + (p2 + p3), and the fresh PV
 // accumulator takes four (six for bf16 parts) mma products per lane before its one add.
-static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
+static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
                   !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
-              "tile pairs: warp pipes with register keys and values only (sm_90+ slabs)");
+              "tile pairs: page windows with register keys and values only");
 static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
@@ -79,8 +79,17 @@ if (pipe.slabs) {
     constexpr int SR1 = KV_P1_BYTES % 16 == 0 ? kvd::WP1 : KV_P1_BYTES;
     constexpr int SR2 = KV_P2_BYTES % 16 == 0 ? kvd::WP2 : KV_P2_BYTES;
     constexpr int SR3 = KV_P3_BYTES % 16 == 0 ? kvd::WP3 : KV_P3_BYTES;
+#if KVD_CP_PAIRS
+    // The cp.async staging's padded rows (48 / 80 bytes at D = 64 / 128) are no power of two,
+    // so token 2 c + 1's row is lv + SR (natural token order: kv_mma_tok(2 c) = 2 c is even,
+    // so kv_mma_tok(2 c + 1) is the next row), not lv ^ SR.
+#if KV_MMA_TOKEN_SWAP || defined(KV_MMA_TOKEN_A)
+#error "cp.async pair lane offsets: tokens in their natural order"
+#endif
+#else
     static_assert((SR2 & (SR2 - 1)) == 0 && (SR3 & (SR3 - 1)) == 0,
                   "pair lane offsets: value rows a power of two apart");
+#endif
     unsigned lk0, lk1, lv2, lv3;
     {
         const int tk = tw0 + kv_mma_tok(g);
@@ -100,13 +109,23 @@ if (pipe.slabs) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
         // PDL: at the start of the pair that holds the last tile.
         if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
-#if KVD_PAIR_ADDR
+#if KVD_PAIR_ADDR && !KVD_CP_PAIRS
         pipe.wait_pair(ia);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
 #else
+#if KVD_CP_PAIRS
+        // cp.async (KVD_CP_PAIRS): one commit group per issued tile, counted per thread; the
+        // groups of tiles 0 .. ia + STAGES - 3 = ia + 1 are committed, so tiles ia and ia + 1
+        // have landed when STAGES - 4 = 0 groups are pending (this thread's copies; the
+        // __syncwarp of tile_sync then orders every lane's copies of the warp's rows before
+        // the warp's reads of them, as in the single-tile loop of =2).
+        static_assert(STAGES - 4 == 0, "cp.async pairs: tiles ia, ia + 1 the newest groups");
+        pipe.wait<STAGES - 4>(ia + 1);
+#else
         pipe.wait<STAGES - 2>(ia);
         pipe.wait<STAGES - 2>(ia + 1);
+#endif
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
@@ -448,8 +467,14 @@ if (pipe.slabs) {
                 kv_mma_vload_at(rv, g, vraw[h][k]);
 #elif KVD_PAIR_ADDR
                 rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
+#if KVD_CP_PAIRS
+                // (Natural token order, rows not a power of two apart: the next row is + SR.)
+                rv[2] = s + kvd::SO2 + lv2 + ((k & 1) + (k >> 1) * 8) * SR2;
+                rv[3] = s + kvd::SO3 + lv3 + ((k & 1) + (k >> 1) * 8) * SR3;
+#else
                 rv[2] = s + kvd::SO2 + ((k & 1) ? lv2 ^ SR2 : lv2) + (k >> 1) * 8 * SR2;
                 rv[3] = s + kvd::SO3 + ((k & 1) ? lv3 ^ SR3 : lv3) + (k >> 1) * 8 * SR3;
+#endif
                 kv_mma_vload(rv, 0, vraw[h][k]);
 #else
                 pipe.rows_slabs(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);
