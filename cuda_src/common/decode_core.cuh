@@ -192,7 +192,8 @@
 // page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
 // block-table entry per warp and tile in registers where 16 lanes filled ring entries.
 // =3: that, and the tile-pair loop (decode_mma_pairs.cuh, KVD_TILE_PAIRS below) on those
-// page windows: the warp pipes' pair loop with cp.async issue and group waits.
+// page windows: the warp pipes' pair loop with cp.async issue and group waits. =4: =3 with
+// six stages instead of four at head_dim 64 (kvd::STAGES below), the same bits as =3.
 #define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON >= 2)
 // The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
 #define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
@@ -245,7 +246,7 @@
 // barriers, which cp.async's per-thread group waits replace (decode_mma_pairs.cuh). It
 // follows KVKIT_DECODE_TILE_PAIRS too, so the launcher's short-split rule
 // (kvkit/cuda/split_builds.py) and =0 A/B runs reach it.
-#define KVD_CP_PAIRS_ON (KVD_CP_RINGLESS && KVD_CP_WARP_PIPE_ON == 3)
+#define KVD_CP_PAIRS_ON (KVD_CP_RINGLESS && KVD_CP_WARP_PIPE_ON >= 3)
 // Its staging rows are padded (NVFP4 D = 128: 80-byte code rows, 11,264 bytes a stage where
 // the bulk layout's 64-byte rows take 10,528), so at D > 64 four stages leave four CTAs per
 // SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4 query rows: at 8
@@ -498,7 +499,17 @@ constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 // (the same bytes in flight), and an even count keeps a pair's two issues in one 32-tile page
 // window (KvTilePipe::advance_pages). Four stages of NVFP4 / 4-bit TurboQuant at D = 128 are
 // 36-38 KB, ~47 KB per CTA with the rest: four CTAs per SM still fit (228 KB).
+#if KVD_CP_PAIRS && KVD_CP_WARP_PIPE_ON == 4 && KV_HEAD_DIM <= 64
+// KVKIT_DECODE_CP_ASYNC_V2=4 (A/B): cp.async pairs wait for both tiles with no group of the
+// pair in flight left pending (decode_mma_pairs.cuh), so a copy issued at pair i has one
+// pair's compute (two tiles) to land, where the single-tile loop's three stages ahead gave it
+// three tiles'; with six stages it has two pairs'. Six NVFP4 D = 64 stages (6,656 bytes each,
+// padded 48-byte rows) keep a CTA under a quarter of the H200's 228 KB (four CTAs per SM; the
+// A100's 164 KB would hold three); not at D = 128 (11,264 bytes a stage: 67 KB of stages).
+constexpr int STAGES = 6;
+#else
 constexpr int STAGES = 4;
+#endif
 #else
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 #endif

@@ -11,8 +11,8 @@
 // and the fully-visible fast path. An odd last tile, and every tile of launches without
 // slabs, is the single-tile loop's.
 //
-// Pipeline (STAGES = 4, decode_core.cuh): the prologue issued tiles 0 .. STAGES - 3; the pair
-// at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
+// Pipeline (STAGES = 4; 6 under KVKIT_DECODE_CP_ASYNC_V2=4, decode_core.cuh): the prologue
+// issued tiles 0 .. STAGES - 3; the pair at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
 // (read by the pair before, which the warp barrier orders before the copies), so tiles
 // i .. i + STAGES - 1 are issued when the pair computes: every tile is waited by the pair or
 // the single tile that reads it (none past n_tiles is issued: issue() copies nothing there).
@@ -26,7 +26,8 @@
 static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
                   !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
               "tile pairs: page windows with register keys and values only");
-static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
+static_assert(STAGES == 4 || (KVD_CP_PAIRS && STAGES == 6),
+              "tile pairs: 4 stages (cp.async: 4 or 6), an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
@@ -116,11 +117,11 @@ if (pipe.slabs) {
 #else
 #if KVD_CP_PAIRS
         // cp.async (KVD_CP_PAIRS): one commit group per issued tile, counted per thread; the
-        // groups of tiles 0 .. ia + STAGES - 3 = ia + 1 are committed, so tiles ia and ia + 1
-        // have landed when STAGES - 4 = 0 groups are pending (this thread's copies; the
-        // __syncwarp of tile_sync then orders every lane's copies of the warp's rows before
-        // the warp's reads of them, as in the single-tile loop of =2).
-        static_assert(STAGES - 4 == 0, "cp.async pairs: tiles ia, ia + 1 the newest groups");
+        // groups of tiles 0 .. ia + STAGES - 3 are committed, so tiles ia and ia + 1 have
+        // landed when at most STAGES - 4 groups (tiles ia + 2 .. ia + STAGES - 3: none at four
+        // stages, one pair at six) are pending (this thread's copies; the __syncwarp of
+        // tile_sync then orders every lane's copies of the warp's rows before the warp's
+        // reads of them, as in the single-tile loop of =2).
         pipe.wait<STAGES - 4>(ia + 1);
 #else
         pipe.wait<STAGES - 2>(ia);
@@ -139,7 +140,7 @@ if (pipe.slabs) {
         const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
 #endif
 #if KVD_PAIR_TRIMS
-        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia, STAGES even):
         // its rows are immediates from the same registers. stage(ia + 1) as its own
         // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
         // per row, per tile. The same addresses.

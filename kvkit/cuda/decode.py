@@ -112,7 +112,7 @@ interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte s
 query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
-``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` (NVFP4 on the targets without bulk
+``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` / ``4`` (NVFP4 on the targets without bulk
 copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs; A/B runs; unset: 0):
 the tensor-core tile loop with the CTA barrier per tile / warp-local: each warp fills its own 16
 page-ring entries and, in fast launches with pages of >= 16 tokens (whose cp.async copies are
@@ -122,7 +122,8 @@ block-table entry per warp and tile, in registers); the same copies and float op
 same bits / (3) that, and the tile-pair loop of the warp pipes on its page windows (two tiles
 per loop iteration, one online-softmax update per pair; up to 8 query rows at head_dim 64, 4 at
 128, none at 256; it follows ``KVKIT_DECODE_TILE_PAIRS``): the pair loop's float32 order, so
-float32 rounding apart, not the same bits as 2.
+float32 rounding apart, not the same bits as 2 / (4) 3 with six stages instead of four at head_dim
+64 (a pair's copies two pairs ahead of their use, not one): the same bits as 3.
 sm_90+ builds are the same for every value.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
@@ -435,10 +436,11 @@ _FAMILY_SWITCHES = (
     # The cp.async path's tile loop (targets without bulk copies: sm_80 / 86 / 89, and
     # KVKIT_ARCH=sm_80 PTX): warp-local (1; ring filled per warp, __syncwarp per tile), that
     # with page windows instead of the ring (2), that with the tile-pair loop (3; float32
-    # rounding apart from 2), or the CTA barrier per tile (0, the default) (decode_core.cuh
+    # rounding apart from 2), 3 with six stages at head_dim 64 (4; the same bits as 3), or the
+    # CTA barrier per tile (0, the default) (decode_core.cuh
     # KVD_CP_WARP_PIPE, KVD_CP_RINGLESS, KVD_CP_PAIRS). The core is shared; NVFP4 reads it
     # for now (the sm_80 ratio it is for).
-    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3"), ("nvfp4",)),
+    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3", "4"), ("nvfp4",)),
 )
 
 

@@ -2035,7 +2035,7 @@ def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, m
     check_against_reference(case)
 
 
-# --- the cp.async path's tile-pair loop (KVKIT_DECODE_CP_ASYNC_V2=3, decode_core.cuh
+# --- the cp.async path's tile-pair loop (KVKIT_DECODE_CP_ASYNC_V2=3 / 4, decode_core.cuh
 # KVD_CP_PAIRS, decode_mma_pairs.cuh) ------------------------------------------------------------
 # =2's page windows with the warp pipes' pair loop: two tiles per iteration, one online-softmax
 # update per pair, both tiles' P into one fresh PV accumulator; cp.async groups waited per
@@ -2045,23 +2045,37 @@ def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, m
 # power of two >= 16 tokens); other launches and shapes of a =3 build take the single-tile
 # loop: bit for bit with =2 there. KVKIT_DECODE_TILE_PAIRS pinned to 1 (the launcher's short-
 # split rule would give NVFP4 at head_dim 128 the single-tile build). Run with KVKIT_ARCH=sm_80
-# on sm_90+ GPUs (natively there =3 builds the default kernel: a plumbing check).
+# on sm_90+ GPUs (natively there =3 builds the default kernel: a plumbing check). =4: =3 with
+# six stages at head_dim 64 (the same bits as =3; at 128 the same build).
 CP_PAIR_LENS = [*PAIR_LENS, 33 * 64 - 5, 70 * 64 - 27]
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("value, head_dim", [("3", 64), ("3", 128), ("4", 64)])
 @pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None), (16, 70)])
-def test_cp_async_pairs_match_the_ring_less_build(cp, head_dim, block_size, window,
+def test_cp_async_pairs_match_the_ring_less_build(cp, value, head_dim, block_size, window,
                                                   monkeypatch):  # fmt: skip
-    """=3 against =2: odd and even tile counts per split (1 and 3 splits of CP_PAIR_LENS and
-    5 * block_size + 9: one partial tile, 1-5 tiles, 33 tiles, odd, the last single after a
-    page-window refill, 70 tiles, even, two refills), ragged ends (warps of the last tile
-    without tokens), pages of 16 / 64 / 128 tokens, a window (masked tiles of a pair)."""
+    """=3 (=4: six stages, head_dim 64) against =2: odd and even tile counts per split (1 and 3
+    splits of CP_PAIR_LENS and 5 * block_size + 9: one partial tile, 1-5 tiles, 33 tiles, odd,
+    the last single after a page-window refill, 70 tiles, even, two refills), ragged ends
+    (warps of the last tile without tokens), pages of 16 / 64 / 128 tokens, a window (masked
+    tiles of a pair)."""
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[*CP_PAIR_LENS, 5 * block_size + 9], window=window,
                 seed=block_size + head_dim + 61)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "3", "2", exact="none",
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value, "2", exact="none",
                         pairs=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (8, 1, 70), (2, 4, 90)])
+def test_cp_async_pairs_six_stages_match_four(cp, block_size, group, q_len, window,
+                                              monkeypatch):  # fmt: skip
+    """=4 (six stages at head_dim 64: each pair's copies issued two pairs ahead) against =3,
+    bit for bit: the same copies and float operations, only the group waits move."""
+    case = Case("nvfp4", head_dim=64, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*CP_PAIR_LENS, 5 * block_size + 9], window=window,
+                seed=block_size + group + q_len + 3)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "4", "3", pairs=True)
 
 
 @pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
@@ -2099,14 +2113,14 @@ def test_cp_async_pairs_flag_bad_pages_as_before(cp, block_size, monkeypatch):
                            "KVKIT_DECODE_CP_ASYNC_V2", "3", old="2")  # fmt: skip
 
 
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("value, head_dim", [("3", 64), ("3", 128), ("4", 64)])
 @pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2)])
-def test_cp_async_pairs_match_float64_at_every_split_count(cp, head_dim, group, q_len,
+def test_cp_async_pairs_match_float64_at_every_split_count(cp, value, head_dim, group, q_len,
                                                            monkeypatch):  # fmt: skip
-    """Under =3 (pairs pinned on), every split count (1, 3, MAX_SPLITS, the heuristic) within
-    DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with sinks and
-    a soft-cap (the pair's logits path)."""
-    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", "3")
+    """Under =3 / =4 (pairs pinned on), every split count (1, 3, MAX_SPLITS, the heuristic)
+    within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with
+    sinks and a soft-cap (the pair's logits path)."""
+    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", value)
     monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*CP_PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
