@@ -247,10 +247,11 @@
 // follows KVKIT_DECODE_TILE_PAIRS too, so the launcher's short-split rule
 // (kvkit/cuda/split_builds.py) and =0 A/B runs reach it.
 #define KVD_CP_PAIRS_ON (KVD_CP_RINGLESS && KVD_CP_WARP_PIPE_ON >= 3)
-// Its staging rows are padded (NVFP4 D = 128: 80-byte code rows, 11,264 bytes a stage where
-// the bulk layout's 64-byte rows take 10,528), so at D > 64 four stages leave four CTAs per
-// SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4 query rows: at 8
-// rows the fp32 / bf16 queries' lo parts add 2.5 KB and the assert failed. Up to 8 at D = 64.
+// Its staging rows are padded (NVFP4 D = 128: 80-byte code rows and 16-byte scale rows,
+// 12,288 bytes a stage where the bulk layout takes 10,528), so at D > 64 four stages leave
+// four CTAs per SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4
+// query rows (54,896 bytes a CTA at 4 x 1): at 8 rows the fp32 / bf16 queries' lo parts
+// pushed it over and the assert failed. Up to 8 at D = 64 (38,768 bytes at 8 x 1, fp32).
 #define KVD_CP_PAIRS_ROWS (KV_HEAD_DIM > 64 && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
 #define KVD_TILE_PAIRS                                                                      \
     (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS) ||                        \
@@ -500,12 +501,13 @@ constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 // window (KvTilePipe::advance_pages). Four stages of NVFP4 / 4-bit TurboQuant at D = 128 are
 // 36-38 KB, ~47 KB per CTA with the rest: four CTAs per SM still fit (228 KB).
 #if KVD_CP_PAIRS && KVD_CP_WARP_PIPE_ON == 4 && KV_HEAD_DIM <= 64
-// KVKIT_DECODE_CP_ASYNC_V2=4 (A/B): cp.async pairs wait for both tiles with no group of the
-// pair in flight left pending (decode_mma_pairs.cuh), so a copy issued at pair i has one
-// pair's compute (two tiles) to land, where the single-tile loop's three stages ahead gave it
-// three tiles'; with six stages it has two pairs'. Six NVFP4 D = 64 stages (6,656 bytes each,
-// padded 48-byte rows) keep a CTA under a quarter of the H200's 228 KB (four CTAs per SM; the
-// A100's 164 KB would hold three); not at D = 128 (11,264 bytes a stage: 67 KB of stages).
+// KVKIT_DECODE_CP_ASYNC_V2=4 (A/B): with four stages a cp.async pair waits with no group
+// left pending (decode_mma_pairs.cuh), so a copy issued at pair i has one pair's compute (two
+// tiles) to land, as in =2's single-tile loop (three stages at D = 64: two tiles); with six
+// stages it has two pairs'. Six NVFP4 D = 64 stages (8,192 bytes each:
+// 48-byte code rows, 16-byte scale rows) keep a CTA (53,376 bytes at 4 x 1, 55,680 at 8 x 1
+// with fp32 queries) under a quarter of the H200's 228 KB (four CTAs per SM; the A100's 164
+// KB would hold two); not at D = 128 (12,288 bytes a stage: 72 KB of stages).
 constexpr int STAGES = 6;
 #else
 constexpr int STAGES = 4;
