@@ -504,10 +504,10 @@ constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 // KVKIT_DECODE_CP_ASYNC_V2=4 (A/B): with four stages a cp.async pair waits with no group
 // left pending (decode_mma_pairs.cuh), so a copy issued at pair i has one pair's compute (two
 // tiles) to land, as in =2's single-tile loop (three stages at D = 64: two tiles); with six
-// stages it has two pairs'. Six NVFP4 D = 64 stages (8,192 bytes each:
-// 48-byte code rows, 16-byte scale rows) keep a CTA (53,376 bytes at 4 x 1, 55,680 at 8 x 1
-// with fp32 queries) under a quarter of the H200's 228 KB (four CTAs per SM; the A100's 164
-// KB would hold two); not at D = 128 (12,288 bytes a stage: 72 KB of stages).
+// stages it has two pairs'. Six NVFP4 D = 64 stages (8,192 bytes each: 48-byte code rows,
+// 16-byte scale rows) keep a CTA (53,376 bytes at 4 x 1, 55,680 at 8 x 1 with fp32 queries)
+// under a quarter of the H200's 228 KB (four CTAs per SM; the A100's 164 KB would hold two);
+// not at D = 128 (12,288 bytes a stage: 72 KB of stages).
 constexpr int STAGES = 6;
 #else
 constexpr int STAGES = 4;

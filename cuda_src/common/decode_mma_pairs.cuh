@@ -12,10 +12,11 @@
 // slabs, is the single-tile loop's.
 //
 // Pipeline (STAGES = 4; 6 under KVKIT_DECODE_CP_ASYNC_V2=4, decode_core.cuh): the prologue
-// issued tiles 0 .. STAGES - 3; the pair at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
-// (read by the pair before, which the warp barrier orders before the copies), so tiles
-// i .. i + STAGES - 1 are issued when the pair computes: every tile is waited by the pair or
-// the single tile that reads it (none past n_tiles is issued: issue() copies nothing there).
+// issued tiles 0 .. STAGES - 3; the pair at i issues tiles i + STAGES - 2 and i + STAGES - 1
+// into the stages of tiles i - 2 and i - 1 (read by the pair before, which the warp barrier
+// orders before the copies), so tiles i .. i + STAGES - 1 are issued when the pair computes:
+// every tile is waited by the pair or the single tile that reads it (none past n_tiles is
+// issued: issue() copies nothing there).
 // Page windows (advance_pages): with an even STAGES both issues of a pair lie in one 32-tile
 // window (i + STAGES - 2 is even), and the refill before tile 32 w happens after the pair
 // whose second issue is tile 32 w - 1 (advance_pages(i): j = i + STAGES).
@@ -23,8 +24,8 @@
 // Numerics: float32 as in the single-tile body (DESIGN.md section 4), in another order: one
 // softmax rescale point per 32 tokens, l += (p0 + p1) + (p2 + p3), and the fresh PV
 // accumulator takes four (six for bf16 parts) mma products per lane before its one add.
-static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
-                  !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
+static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS &&
+                  !KV_MMA_K_DIRECT && !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
               "tile pairs: page windows with register keys and values only");
 static_assert(STAGES == 4 || (KVD_CP_PAIRS && STAGES == 6),
               "tile pairs: 4 stages (cp.async: 4 or 6), an even count (decode_core.cuh)");
