@@ -434,6 +434,8 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_MMA_PACK_OK (KV_NV_PACK == 1)
 #define KV_MMA_PACK_F16 1
 #define KV_MMA_EXP_CLAMP (KV_NV_PACK >= 1)
+// The tile pairs on the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=3 / 4, decode_core.cuh).
+#define KV_CP_PAIRS_OK 1
 
 #include "common/decode_core.cuh"
 

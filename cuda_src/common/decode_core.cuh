@@ -202,7 +202,10 @@
 // power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
 // page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
 // block-table entry per warp and tile in registers where 16 lanes filled ring entries.
-#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON == 2)
+// =3: that, and the tile-pair loop (decode_mma_pairs.cuh, KVD_TILE_PAIRS below) on those
+// page windows: the warp pipes' pair loop with cp.async issue and group waits. =4: =3 with
+// six stages instead of four at head_dim 64 (kvd::STAGES below), the same bits as =3.
+#define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON >= 2)
 // The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
 #define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
 // Speculative page windows (KVKIT_DECODE_SPEC_PAGES=0 / 1, env KVKIT_DECODE_SPEC_PAGES,
@@ -263,9 +266,31 @@
 #ifndef KV_TILE_PAIRS_MAX_D
 #define KV_TILE_PAIRS_MAX_D 128
 #endif
-#define KVD_TILE_PAIRS                                                                 \
-    (KVD_WARP_PIPE && KVD_TILE_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS && \
-     KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
+// The cp.async path's pair loop (KVKIT_DECODE_CP_ASYNC_V2=3, off unless asked for; the A/B
+// build for KVKIT_ARCH=sm_80 PTX on the H200, where the sm_90 pair loop took NVFP4 D = 64
+// from 0.0523 to 0.0442 ms): the page windows of =2 (a warp's 16 tokens per tile in one page
+// entry, pg_bits per issue) are all the pair loop reads of the warp pipes besides their
+// barriers, which cp.async's per-thread group waits replace (decode_mma_pairs.cuh). It
+// follows KVKIT_DECODE_TILE_PAIRS too, so the launcher's short-split rule
+// (kvkit/cuda/split_builds.py) and =0 A/B runs reach it.
+// (NVFP4's alone, KV_CP_PAIRS_OK: its lane offsets are the ones written for the cp.async
+// layout's padded rows; other families build 3 and 4 as 2.)
+#ifndef KV_CP_PAIRS_OK
+#define KV_CP_PAIRS_OK 0
+#endif
+#define KVD_CP_PAIRS_ON (KVD_CP_RINGLESS && KVD_CP_WARP_PIPE_ON >= 3 && KV_CP_PAIRS_OK)
+// Its staging rows are padded (NVFP4 D = 128: 80-byte code rows and 16-byte scale rows,
+// 12,288 bytes a stage where the bulk layout takes 10,528), so at D > 64 four stages leave
+// four CTAs per SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4
+// query rows (54,896 bytes a CTA at 4 x 1): at 8 rows the fp32 / bf16 queries' lo parts
+// pushed it over and the assert failed. Up to 8 at D = 64 (38,768 bytes at 8 x 1, fp32).
+#define KVD_CP_PAIRS_ROWS (KV_HEAD_DIM > 64 && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
+#define KVD_TILE_PAIRS                                                                      \
+    (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS) ||                        \
+      (KVD_CP_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KVD_CP_PAIRS_ROWS)) &&                       \
+     KVD_TILE_PAIRS_ON && KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
+// The pair loop on the cp.async path (no bulk copies: group waits, padded staging rows).
+#define KVD_CP_PAIRS (KVD_TILE_PAIRS && !KVD_WARP_PIPE)
 // Tile pairs' lane offsets (default 1; KVKIT_DECODE_PAIR_ADDR=0 / 1, kvkit/cuda/decode.py,
 // for A/B builds; 0 is the build before): the pair loop (decode_mma_pairs.cuh) reads its key
 // and value rows at per-lane byte offsets worked out once before the loop (opaque, so held
@@ -507,7 +532,18 @@ constexpr int STAGES_FIT = STAGE_BUDGET / STAGE_BYTES;
 // (the same bytes in flight), and an even count keeps a pair's two issues in one 32-tile page
 // window (KvTilePipe::advance_pages). Four stages of NVFP4 / 4-bit TurboQuant at D = 128 are
 // 36-38 KB, ~47 KB per CTA with the rest: four CTAs per SM still fit (228 KB).
+#if KVD_CP_PAIRS && KVD_CP_WARP_PIPE_ON == 4 && KV_HEAD_DIM <= 64
+// KVKIT_DECODE_CP_ASYNC_V2=4 (A/B): with four stages a cp.async pair waits with no group
+// left pending (decode_mma_pairs.cuh), so a copy issued at pair i has one pair's compute (two
+// tiles) to land, as in =2's single-tile loop (three stages at D = 64: two tiles); with six
+// stages it has two pairs'. Six NVFP4 D = 64 stages (8,192 bytes each: 48-byte code rows,
+// 16-byte scale rows) keep a CTA (53,376 bytes at 4 x 1, 55,680 at 8 x 1 with fp32 queries)
+// under a quarter of the H200's 228 KB (four CTAs per SM; the A100's 164 KB would hold two);
+// not at D = 128 (12,288 bytes a stage: 72 KB of stages).
+constexpr int STAGES = 6;
+#else
 constexpr int STAGES = 4;
+#endif
 #else
 constexpr int STAGES = STAGES_FIT < 2 ? 2 : (STAGES_FIT > 4 ? 4 : STAGES_FIT);
 #endif

@@ -11,11 +11,12 @@
 // and the fully-visible fast path. An odd last tile, and every tile of launches without
 // slabs, is the single-tile loop's.
 //
-// Pipeline (STAGES = 4, decode_core.cuh): the prologue issued tiles 0 .. STAGES - 3; the pair
-// at i issues tiles i + STAGES - 2 and i + STAGES - 1 into the stages of tiles i - 2 and i - 1
-// (read by the pair before, which the warp barrier orders before the copies), so tiles
-// i .. i + STAGES - 1 are issued when the pair computes: every tile is waited by the pair or
-// the single tile that reads it (none past n_tiles is issued: issue() copies nothing there).
+// Pipeline (STAGES = 4; 6 under KVKIT_DECODE_CP_ASYNC_V2=4, decode_core.cuh): the prologue
+// issued tiles 0 .. STAGES - 3; the pair at i issues tiles i + STAGES - 2 and i + STAGES - 1
+// into the stages of tiles i - 2 and i - 1 (read by the pair before, which the warp barrier
+// orders before the copies), so tiles i .. i + STAGES - 1 are issued when the pair computes:
+// every tile is waited by the pair or the single tile that reads it (none past n_tiles is
+// issued: issue() copies nothing there).
 // Page windows (advance_pages): with an even STAGES both issues of a pair lie in one 32-tile
 // window (i + STAGES - 2 is even), and the refill before tile 32 w happens after the pair
 // whose second issue is tile 32 w - 1 (advance_pages(i): j = i + STAGES).
@@ -23,10 +24,11 @@
 // Numerics: float32 as in the single-tile body (DESIGN.md section 4), in another order: one
 // softmax rescale point per 32 tokens, l += (p0 + p1) + (p2 + p3), and the fresh PV
 // accumulator takes four (six for bf16 parts) mma products per lane before its one add.
-static_assert(KVD_WARP_PIPE && KV_MMA_V_REGS && KV_MMA_K_REGS && !KV_MMA_K_DIRECT &&
-                  !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
-              "tile pairs: warp pipes with register keys and values only (sm_90+ slabs)");
-static_assert(STAGES == 4, "tile pairs: 4 stages, an even count (decode_core.cuh)");
+static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS &&
+                  !KV_MMA_K_DIRECT && !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
+              "tile pairs: page windows with register keys and values only");
+static_assert(STAGES == 4 || (KVD_CP_PAIRS && STAGES == 6),
+              "tile pairs: 4 stages (cp.async: 4 or 6), an even count (decode_core.cuh)");
 int i_rest = 0;
 if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
@@ -79,8 +81,17 @@ if (pipe.slabs) {
     constexpr int SR1 = KV_P1_BYTES % 16 == 0 ? kvd::WP1 : KV_P1_BYTES;
     constexpr int SR2 = KV_P2_BYTES % 16 == 0 ? kvd::WP2 : KV_P2_BYTES;
     constexpr int SR3 = KV_P3_BYTES % 16 == 0 ? kvd::WP3 : KV_P3_BYTES;
+#if KVD_CP_PAIRS
+    // The cp.async staging's padded rows (48 / 80 bytes at D = 64 / 128) are no power of two,
+    // so token 2 c + 1's row is lv + SR (natural token order: kv_mma_tok(2 c) = 2 c is even,
+    // so kv_mma_tok(2 c + 1) is the next row), not lv ^ SR.
+#if KV_MMA_TOKEN_SWAP || defined(KV_MMA_TOKEN_A)
+#error "cp.async pair lane offsets: tokens in their natural order"
+#endif
+#else
     static_assert((SR2 & (SR2 - 1)) == 0 && (SR3 & (SR3 - 1)) == 0,
                   "pair lane offsets: value rows a power of two apart");
+#endif
     unsigned lk0, lk1, lv2, lv3;
     {
         const int tk = tw0 + kv_mma_tok(g);
@@ -100,13 +111,23 @@ if (pipe.slabs) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
         // PDL: at the start of the pair that holds the last tile.
         if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
-#if KVD_PAIR_ADDR
+#if KVD_PAIR_ADDR && !KVD_CP_PAIRS
         pipe.wait_pair(ia);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
 #else
+#if KVD_CP_PAIRS
+        // cp.async (KVD_CP_PAIRS): one commit group per issued tile, counted per thread; the
+        // groups of tiles 0 .. ia + STAGES - 3 are committed, so tiles ia and ia + 1 have
+        // landed when at most STAGES - 4 groups (tiles ia + 2 .. ia + STAGES - 3: none at four
+        // stages, one pair at six) are pending (this thread's copies; the __syncwarp of
+        // tile_sync then orders every lane's copies of the warp's rows before the warp's
+        // reads of them, as in the single-tile loop of =2).
+        pipe.wait<STAGES - 4>(ia + 1);
+#else
         pipe.wait<STAGES - 2>(ia);
         pipe.wait<STAGES - 2>(ia + 1);
+#endif
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
@@ -120,7 +141,7 @@ if (pipe.slabs) {
         const unsigned char* kl[2][2];  // [h][tt]: their code runs (lane offsets)
 #endif
 #if KVD_PAIR_TRIMS
-        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia even, STAGES 4):
+        // (KVD_PAIR_TRIMS) Tile ia + 1's stage is the one after tile ia's (ia, STAGES even):
         // its rows are immediates from the same registers. stage(ia + 1) as its own
         // (ia + 1) % STAGES product left ptxas a second stage address and a second vector add
         // per row, per tile. The same addresses.
@@ -448,8 +469,14 @@ if (pipe.slabs) {
                 kv_mma_vload_at(rv, g, vraw[h][k]);
 #elif KVD_PAIR_ADDR
                 rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
+#if KVD_CP_PAIRS
+                // (Natural token order, rows not a power of two apart: the next row is + SR.)
+                rv[2] = s + kvd::SO2 + lv2 + ((k & 1) + (k >> 1) * 8) * SR2;
+                rv[3] = s + kvd::SO3 + lv3 + ((k & 1) + (k >> 1) * 8) * SR3;
+#else
                 rv[2] = s + kvd::SO2 + ((k & 1) ? lv2 ^ SR2 : lv2) + (k >> 1) * 8 * SR2;
                 rv[3] = s + kvd::SO3 + ((k & 1) ? lv3 ^ SR3 : lv3) + (k >> 1) * 8 * SR3;
+#endif
                 kv_mma_vload(rv, 0, vraw[h][k]);
 #else
                 pipe.rows_slabs(s, tw0 + kv_mma_tok(2 * c + (k & 1) + 8 * (k >> 1)), rv);

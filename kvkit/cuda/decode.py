@@ -112,15 +112,21 @@ interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte s
 query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 a token order
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
-``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` (the tensor-core builds of every family on the
-targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on newer GPUs;
-A/B runs; unset: 2, but 0 for fp8_e4m3; 2 falls back to 0 where the core does not take V
-straight into registers: NVFP4 at head_dim 96, fp16 / bf16): the tensor-core
-tile loop with the CTA barrier per tile / warp-local: each warp fills its own 16 page-ring
-entries and, in fast launches with pages of >= 16 tokens (whose cp.async copies are already
-the warp's own), meets its lanes only (__syncwarp) per tile / that, and with power-of-two pages
-of >= 16 tokens no ring at all (the warp pipes' page windows: one checked block-table entry
-per warp and tile, in registers); the same copies and float operations, so the same bits.
+``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` / ``4`` (the tensor-core builds of every
+family on the targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on
+newer GPUs; A/B runs; unset: 2, but 0 for fp8_e4m3; 2 and above fall back to 0 where the core
+does not take V straight into registers: NVFP4 at head_dim 96, fp16 / bf16; 3 and 4 are
+NVFP4's, the others build 2): the tensor-core tile loop with the CTA barrier per tile /
+warp-local: each warp fills its own 16 page-ring entries and, in fast launches with pages of
+>= 16 tokens (whose cp.async copies are already the warp's own), meets its lanes only
+(__syncwarp) per tile / that, and with power-of-two pages of >= 16 tokens no ring at all (the
+warp pipes' page windows: one checked block-table entry per warp and tile, in registers); the
+same copies and float operations, so the same bits / (3) that, and the tile-pair loop of the
+warp pipes on its page windows (two tiles per loop iteration, one online-softmax update per
+pair; up to 8 query rows at head_dim 64, 4 at 128, none at 256; it follows
+``KVKIT_DECODE_TILE_PAIRS``): the pair loop's float32 order, so float32 rounding apart, not the
+same bits as 2 / (4) 3 with six stages instead of four at head_dim 64 (a pair's copies two pairs
+ahead of their use, not one): the same bits as 3.
 sm_90+ builds are the same for every value.
 ``KVKIT_DECODE_SPEC_PAGES=0`` / ``1`` (the builds with page windows: NVFP4 and TurboQuant's
 tensor-core stage 1; A/B runs; unset: 0): the first two page windows' block-table entries
@@ -373,6 +379,9 @@ def _env_choice(name: str, allowed: tuple[str, ...]) -> str:
     return value
 
 
+# Readers of the switches that live in the shared core (decode_core.cuh).
+_EVERY_FAMILY = ("nvfp4", "turboquant", "fp8", "dense")
+
 #: A/B build switches that reach the kernels as a define of the same name: (environment
 #: variable, allowed values, the format families (or names) whose stage 1 reads it). Defaults
 #: and measurements live next to each define in cuda_src.
@@ -438,13 +447,15 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),
     # The cp.async path's tile loop (targets without bulk copies: sm_80 / 86 / 89, and
     # KVKIT_ARCH=sm_80 PTX): warp-local (1; ring filled per warp, __syncwarp per tile), that
-    # with page windows instead of the ring (2), or the CTA barrier per tile (0)
-    # (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS; default 2, fp8's 0).
-    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2"), ("nvfp4", "turboquant", "fp8", "dense")),
+    # with page windows instead of the ring (2), that with the tile-pair loop (3, NVFP4; float32
+    # rounding apart from 2), 3 with six stages at head_dim 64 (4; the same bits as 3), or the
+    # CTA barrier per tile (0) (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS,
+    # KVD_CP_PAIRS; default 2, fp8's 0).
+    ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3", "4"), _EVERY_FAMILY),
     # The first two page windows' block-table entries loaded for a max_blocks-page sequence,
     # in flight with seq_len, kept where the real split range allows (1), or after seq_len
     # (0) (decode_core.cuh KVD_SPEC_PAGES; builds with page windows).
-    ("KVKIT_DECODE_SPEC_PAGES", ("0", "1"), ("nvfp4", "turboquant", "fp8", "dense")),
+    ("KVKIT_DECODE_SPEC_PAGES", ("0", "1"), _EVERY_FAMILY),
 )
 
 

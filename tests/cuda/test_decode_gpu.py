@@ -455,15 +455,20 @@ _TILE_LOOP_SWITCHES = {
 }
 
 
-def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all"):
+def assert_builds_agree(
+    case, monkeypatch, var: str, new, old, exact: str = "all", pairs: bool | None = None
+):
     """Run ``case`` with 1 and 3 splits under ``var=new`` and ``var=old`` (None: unset, the
     default build): no flag either way; the two agree bit for bit (``exact="all"``), in lse
     only with o within float32 reassociation (``"lse"``), or both within it (``"none"``); and
     the new build matches the float64 reference. Switches of _TILE_LOOP_SWITCHES run with
     single-tile loops on both sides, the others with tile pairs wherever the kernel has them
     (KVKIT_DECODE_TILE_PAIRS pinned: the launcher would otherwise give NVFP4's short splits
-    the single-tile build, kvkit/cuda/split_builds.py, which has tests of its own)."""
-    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "0" if var in _TILE_LOOP_SWITCHES else "1")
+    the single-tile build, kvkit/cuda/split_builds.py, which has tests of its own); ``pairs``
+    pins it either way (KVKIT_DECODE_CP_ASYNC_V2=3, whose pair loop follows it)."""
+    if pairs is None:
+        pairs = var not in _TILE_LOOP_SWITCHES
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pairs else "0")
     ref_o, ref_lse = case.reference()
     for num_splits in (1, 3):
         outs = []
@@ -487,23 +492,28 @@ def assert_builds_agree(case, monkeypatch, var: str, new, old, exact: str = "all
         assert lse_error(lse_new, ref_lse) <= DECODE_GPU_RTOL
 
 
-def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str, new: str = "1"):
+def assert_bad_pages_agree(
+    name, block_size, seed, monkeypatch, var: str, new: str = "1", old: str = "0"
+):
     """Four sequences (G = 4, D = 128) whose block tables hold bad entries (one past the
     cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the first tile of the warp
     pipes' second page window and a bad page for warp 3 of tile 40) under ``var=new`` (1
-    unless a switch has other values) and ``var=0``: at 1, 3 and MAX_SPLITS splits the same
+    unless a switch has other values) and ``var=old`` (0): at 1, 3 and MAX_SPLITS splits the same
     flag (bit 2 set) and the same outputs, bit for bit (single-tile loops on both sides:
     _TILE_LOOP_SWITCHES); for KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation
     (bad pages are masked per tile of a pair)."""
     # KVKIT_DECODE_NV_PACK (NVFP4's packed mma columns at 1: float32 rounding only): pairs
     # on, within float32 reassociation.
-    pairs = var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK")
+    # KVKIT_DECODE_CP_ASYNC_V2=3 (the cp.async path's pair loop, float32 rounding apart from
+    # 2): pairs on, within float32 reassociation.
+    cp_pairs = var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3"
+    pairs = var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK") or cp_pairs
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
     # the same, pairs and pair addresses on.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE")
-    if var == "KVKIT_DECODE_NV_PACK":
+    if var == "KVKIT_DECODE_NV_PACK" or cp_pairs:
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
@@ -523,7 +533,7 @@ def assert_bad_pages_agree(name, block_size, seed, monkeypatch, var: str, new: s
     bt[3, (40 * 64 + 48) // block_size] = case.gpu.num_blocks + 3  # warp 3's page of tile 40
     for num_splits in (1, 3, MAX_SPLITS):
         outs = []
-        for value in (new, "0"):
+        for value in (new, old):
             monkeypatch.setenv(var, value)
             case.gpu.error_flag.fill(0)
             o, lse = case.run(num_splits, block_tables=bt)
@@ -2091,4 +2101,97 @@ def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, m
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=23 + head_dim)  # fmt: skip
+    check_against_reference(case)
+
+
+# --- the cp.async path's tile-pair loop (KVKIT_DECODE_CP_ASYNC_V2=3 / 4, decode_core.cuh
+# KVD_CP_PAIRS, decode_mma_pairs.cuh) ------------------------------------------------------------
+# =2's page windows with the warp pipes' pair loop: two tiles per iteration, one online-softmax
+# update per pair, both tiles' P into one fresh PV accumulator; cp.async groups waited per
+# thread instead of bulk barriers. The pair loop's float32 order: against =2 within float32
+# reassociation (SPLIT_INVARIANCE_RTOL) and against float64, not bit for bit. Pairs only at
+# G * q_len <= 8 (head_dim 64) / <= 4 (128), not at 256, and only in slab launches (pages of a
+# power of two >= 16 tokens); other launches and shapes of a =3 build take the single-tile
+# loop: bit for bit with =2 there. KVKIT_DECODE_TILE_PAIRS pinned to 1 (the launcher's short-
+# split rule would give NVFP4 at head_dim 128 the single-tile build). Run with KVKIT_ARCH=sm_80
+# on sm_90+ GPUs (natively there =3 builds the default kernel: a plumbing check). =4: =3 with
+# six stages at head_dim 64 (the same bits as =3; at 128 the same build).
+CP_PAIR_LENS = [*PAIR_LENS, 33 * 64 - 5, 70 * 64 - 27]
+
+
+@pytest.mark.parametrize("value, head_dim", [("3", 64), ("3", 128), ("4", 64)])
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None), (16, 70)])
+def test_cp_async_pairs_match_the_ring_less_build(cp, value, head_dim, block_size, window,
+                                                  monkeypatch):  # fmt: skip
+    """=3 (=4: six stages, head_dim 64) against =2: odd and even tile counts per split (1 and 3
+    splits of CP_PAIR_LENS and 5 * block_size + 9: one partial tile, 1-5 tiles, 33 tiles, odd,
+    the last single after a page-window refill, 70 tiles, even, two refills), ragged ends
+    (warps of the last tile without tokens), pages of 16 / 64 / 128 tokens, a window (masked
+    tiles of a pair)."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[*CP_PAIR_LENS, 5 * block_size + 9], window=window,
+                seed=block_size + head_dim + 61)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value, "2", exact="none",
+                        pairs=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+@pytest.mark.parametrize("group, q_len, window", [(4, 1, None), (8, 1, 70), (2, 4, 90)])
+def test_cp_async_pairs_six_stages_match_four(cp, block_size, group, q_len, window,
+                                              monkeypatch):  # fmt: skip
+    """=4 (six stages at head_dim 64: each pair's copies issued two pairs ahead) against =3,
+    bit for bit: the same copies and float operations, only the group waits move."""
+    case = Case("nvfp4", head_dim=64, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*CP_PAIR_LENS, 5 * block_size + 9], window=window,
+                seed=block_size + group + q_len + 3)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "4", "3", pairs=True)
+
+
+@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, window", [(1, 1, None), (8, 1, 5), (2, 4, 90),
+                                                  (4, 2, None)])  # fmt: skip
+def test_cp_async_pairs_query_rows(cp, name, group, q_len, window, monkeypatch):
+    """=3 against =2 at head_dim 64 for other query rows (one, eight: the most with pairs,
+    causal q_len 2 and 4 with and without a window); NVFP4 and 4over6."""
+    case = Case(name, head_dim=64, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=CP_PAIR_LENS, window=window, seed=70 + group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "3", "2", exact="none",
+                        pairs=True)  # fmt: skip
+
+
+@pytest.mark.parametrize("head_dim, group, token_major", [(128, 8, False), (256, 4, False),
+                                                          (64, 4, True)])  # fmt: skip
+def test_cp_async_pairs_leave_other_launches_alone(cp, head_dim, group, token_major,
+                                                   monkeypatch):  # fmt: skip
+    """Where =3 has no pairs, bit for bit with =2: 8 query rows at head_dim 128 and head_dim
+    256 (no pair code: =2's PTX), and token-major pages (strided planes: no slabs, so the pair
+    build's single-tile loop, with its four stages)."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=16,
+                seq_lens=CP_PAIR_LENS, seed=80 + head_dim + group)  # fmt: skip
+    if token_major:
+        store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", "3", "2", pairs=True)
+
+
+@pytest.mark.parametrize("block_size", [16, 64, 128])
+def test_cp_async_pairs_flag_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree, head_dim 128, 4 rows: pairs) under =3
+    and =2: the same flag at 1, 3 and MAX_SPLITS splits, the outputs within float32
+    reassociation (bad pages are masked per tile of a pair)."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 9, monkeypatch,
+                           "KVKIT_DECODE_CP_ASYNC_V2", "3", old="2")  # fmt: skip
+
+
+@pytest.mark.parametrize("value, head_dim", [("3", 64), ("3", 128), ("4", 64)])
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2)])
+def test_cp_async_pairs_match_float64_at_every_split_count(cp, value, head_dim, group, q_len,
+                                                           monkeypatch):  # fmt: skip
+    """Under =3 / =4 (pairs pinned on), every split count (1, 3, MAX_SPLITS, the heuristic)
+    within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with
+    sinks and a soft-cap (the pair's logits path)."""
+    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", value)
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*CP_PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=90 + head_dim + group)  # fmt: skip
     check_against_reference(case)
