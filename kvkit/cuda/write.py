@@ -233,7 +233,12 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: words by IMAD with immediates. Static common path (sm_90, fp16, D = 128, scripts/
 #: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
 #: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
-TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
+#: 6 (session 17 helper, branch w17) = 5 plus the key norm's squares of float16 inputs fused
+#: into its sums (one fma per element after each spec lane's first: a float16 value's square is
+#: a float32 exactly, so RN(acc + RN(x x)) = RN(x x + acc); write_turboquant.cu
+#: kv_tq_sum_squares_f16, tests/cuda/test_tq_w17_model.py). Other input dtypes and FP8 keys
+#: build as 5. benchmarks/NOTES.md "w17".
+TQ_VARIANTS = (0, 1, 2, 3, 4, 5, 6)
 #: The default for every preset: 5. Measured on the H200 (session 14; scripts/write_ab.py,
 #: kernel ms at 4M token-heads, fp16 inputs, pages order; the previous default -> 5):
 #: call 3 (--rounds 4) k8v4 1.247 -> 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales;
