@@ -78,7 +78,7 @@
 // each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
 // and 256, 4-bit at D = 64) and the exact key fallback dividing in place; 5 (see
 // kvkit/cuda/write.py); 6 = 5 plus the fused key-norm squares of float16 inputs
-// (kv_tq_sum_squares_f16).
+// (kv_tq_sum_squares_f16); 7 = 6 with a grid-stride loop over row groups (TQ_PERSIST).
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -227,6 +227,14 @@ __host__ __device__ constexpr unsigned int kv_tq_magic_junk() {
 
 
 #define TQ_REG (KV_HEAD_DIM % 64 == 0)
+// TQ_PERSIST (variant 7, a launch define of kvkit/cuda/write.py tq_launch_defines): the register
+// body loops over row groups at the grid's stride; the launcher then caps the grid.
+#ifndef TQ_PERSIST
+#define TQ_PERSIST 0
+#endif
+#if TQ_PERSIST && !TQ_REG
+#error "TQ_PERSIST needs the register body (D % 64 == 0)"
+#endif
 
 // The slot's float16 scalars (key norm, value scale and zero): kv_f16_bits_sat's bits
 // (codecs.f16_bits(x, saturate=True): |x| clamped to 65504, then RN; every NaN -> 0x7E00).
@@ -1076,7 +1084,23 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const int lane = threadIdx.x & 31;
     const int g = lane / L;  // this lane's row in the warp
     const int p = lane % L;  // its lane within the row
+#if TQ_PERSIST
+    // Variant 7 (w17): a grid of (SMs x resident CTAs per SM) CTAs, each taking row groups of
+    // TQ_WARPS * R rows at a stride of the grid (kvkit/cuda/write.py caps the grid), so the cell
+    // table's copy and barrier above run once per CTA instead of once per 16 rows (4M
+    // token-heads were 262k CTAs). base is CTA-uniform: every warp runs every iteration, so the
+    // full-warp shuffles below stay converged. The test is a vote all the same (its value is
+    // the plain test's): scripts/ptx_warp_sync.py accepts a branch around full-warp shuffles
+    // only on a vote's predicate, and ptxas then knows the loop is warp-uniform too. The body
+    // in braces is variant 6's, unchanged.
+    const long long rows_total = n_tokens * (long long)n_heads;
+    for (long long base = (long long)blockIdx.x * (TQ_WARPS * R); __all_sync(KV_FULL_WARP, base < rows_total);
+         base += (long long)gridDim.x * (TQ_WARPS * R)) {
+    const long long row = base + (threadIdx.x >> 5) * R + g;
+#else
+    {
     const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
+#endif
     long long blk = 0, off = 0;
     int h = 0;
     const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
@@ -1155,6 +1179,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     } else {
         kv_tq_rows<false>(kw, vw, dst, p, active, k_scale TQ_TABLES);
     }
+    }  // the row group (one iteration per grid stride under TQ_PERSIST)
 }
 #else
 {  // TQ_REG == 0: D % 64 != 0 (FP8 keys only): codes staged as bytes in shared memory

@@ -817,21 +817,37 @@ def _w17_key_edges(k, rng):
     return k
 
 
+# Variant 7 = 6 plus the grid-stride loop (TQ_PERSIST); "7/3" caps its grid at 3 CTAs
+# (KVKIT_WRITE_TQ_PERSIST_CTAS), so every CTA runs several row groups on these small inputs.
+W17_VARIANTS = [("6", None), ("7", None), ("7", "3")]
+
+
+def _w17_env(monkeypatch, variant, ctas):
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+    if ctas is None:
+        monkeypatch.delenv("KVKIT_WRITE_TQ_PERSIST_CTAS", raising=False)
+    else:
+        monkeypatch.setenv("KVKIT_WRITE_TQ_PERSIST_CTAS", ctas)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("variant, ctas", W17_VARIANTS)
 @pytest.mark.parametrize("in_dtype", IN_DTYPES)
 @pytest.mark.parametrize("name", TQ_NAMES)
-def test_turboquant_tq_variant_6_w17_equals_numba(name, in_dtype, monkeypatch):
-    """KVKIT_WRITE_TQ_VARIANT=6: the Numba backend's bytes on variant 5's test rows (Gaussian rows
+def test_turboquant_tq_variant_6_w17_equals_numba(name, in_dtype, variant, ctas, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=6 / 7 (7 also with a 3-CTA grid): the Numba backend's bytes on
+    variant 5's test rows (Gaussian rows
     of mixed magnitudes, exact value boundaries, NaN / inf / -0 / denormals, zero and NaN rows,
-    saturating scalars, one huge key element) plus the key edges above, at D = 64 / 128 / 256,
-    three heads, permuted slots with padding (-1, -5); then a launch with every other slot
-    beyond the cache sets the error flag and writes the other rows only."""
+    saturating scalars, one huge key element) plus the key edges above, at D = 64 / 128 / 256
+    (k8v4 also 48: no loop there), three heads, permuted slots with padding (-1, -5); then a
+    launch with every other slot beyond the cache sets the error flag and writes the other rows
+    only."""
     import cupy
 
     from kvkit.cuda.write import write_rows
 
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "6")
-    dims = (64, 128, 256) if name == "turboquant_k8v4" else MSE_DIMS
+    _w17_env(monkeypatch, variant, ctas)
+    dims = (48, 64, 128, 256) if name == "turboquant_k8v4" else MSE_DIMS
     for d in dims:
         fmt = formats.get(name, d)
         heads, bs, nb = 3, 16, 4
@@ -848,14 +864,15 @@ def test_turboquant_tq_variant_6_w17_equals_numba(name, in_dtype, monkeypatch):
         cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d)
         write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
         assert int(gpu.error_flag.get()[0]) == 0
-        assert_planes_equal(cpu, gpu, context=f"variant 6 {name} D={d} {in_dtype}")
+        assert_planes_equal(cpu, gpu, context=f"variant {variant}/{ctas} {name} D={d} {in_dtype}")
         bad = slots.copy()
         bad[::2] = cpu.capacity + np.arange(bad[::2].size)
         k_rev = cupy.asarray(k_in[::-1].copy())  # other keys than the first launch's
         write_rows(gpu, k_rev, cupy.asarray(v_in), cupy.asarray(bad), in_dtype)
         assert int(gpu.error_flag.get()[0]) == 1
         cpu_backend.write_rows(cpu, k32[::-1][1::2], v32[1::2], slots[1::2].astype(np.int64))
-        assert_planes_equal(cpu, gpu, context=f"variant 6 {name} D={d} {in_dtype} beyond the cache")
+        context = f"variant {variant}/{ctas} {name} D={d} {in_dtype} beyond the cache"
+        assert_planes_equal(cpu, gpu, context=context)
 
 
 @st.composite
@@ -876,6 +893,7 @@ def _w17_cases(draw):
         scale="one",
         slot_dtype=draw(st.sampled_from(["int32", "int64"])),
         edges=draw(st.booleans()),
+        variant=draw(st.sampled_from(W17_VARIANTS + [("7", "1")])),
     )
 
 
@@ -884,12 +902,13 @@ def _w17_cases(draw):
 @example(  # a partial last warp of float16 rows whose norms saturate, with padding rows
     dict(name="turboquant_4bit_nc", d=128, bs=16, heads=1, num_blocks=2, n=18, seed=3,
          dtype="float16", magnitude=60000.0, padding=0.3, specials=True, scale="one",
-         slot_dtype="int32", edges=True)
+         slot_dtype="int32", edges=True, variant=("7", "1"))
 )  # fmt: skip
 def test_turboquant_tq_variant_6_w17_fuzzed_equals_numba(c):
-    """Hypothesis: variant 6 against the Numba backend (MSE presets, D = 64 / 128 / 256, float16
-    weighted, magnitudes from float16 subnormal squares to saturating norms, specials, padding,
-    optionally the key edges of _w17_key_edges)."""
+    """Hypothesis: variants 6 and 7 (its grid capped at 1 or 3 CTAs, or the device's) against
+    the Numba backend (MSE presets, D = 64 / 128 / 256, float16 weighted, magnitudes from
+    float16 subnormal squares to saturating norms, specials, padding, optionally the key edges
+    of _w17_key_edges)."""
     import os
     from unittest import mock
 
@@ -900,35 +919,45 @@ def test_turboquant_tq_variant_6_w17_fuzzed_equals_numba(c):
         with np.errstate(over="ignore"):
             k_in = _w17_key_edges(k_in.astype(np.float64), rng).astype(np.float16)
         k32 = k_in.astype(np.float32)
-    with mock.patch.dict(os.environ, {"KVKIT_WRITE_TQ_VARIANT": "6"}):
+    env = {"KVKIT_WRITE_TQ_VARIANT": c["variant"][0]}
+    if c["variant"][1] is not None:
+        env["KVKIT_WRITE_TQ_PERSIST_CTAS"] = c["variant"][1]
+    with mock.patch.dict(os.environ, env):
         cpu, gpu = make_layers(fmt, c["heads"], c["num_blocks"], c["bs"], c["seed"])
         write_both(cpu, gpu, k32, v32, k_in, v_in, slots, c["dtype"])
     assert int(gpu.error_flag.get()[0]) == 0
-    assert_planes_equal(cpu, gpu, context=f"variant 6 {c}")
+    assert_planes_equal(cpu, gpu, context=f"w17 {c}")
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", TQ_MSE_NAMES)
-def test_turboquant_tq_variant_6_w17_equals_default_on_gaussian_rows(name, monkeypatch):
-    """Variant 6 and the default write the same bytes on 4096 Gaussian float16 token-heads."""
+@pytest.mark.parametrize("variant", ["6", "7"])
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_tq_variant_6_w17_equals_default_on_gaussian_rows(name, variant, monkeypatch):
+    """Variants 6 / 7 and the default write the same bytes on 64K Gaussian float16 token-heads
+    (more row groups than an H200 holds CTAs at once: variant 7's CTAs loop at the device's own
+    grid), in a random page order with 5% padding."""
     import cupy
 
     from kvkit.cuda.write import write_rows
 
-    d, heads, bs, n = 128, 8, 16, 512
+    d, heads, bs, n = 128, 8, 16, 8192
     fmt = formats.get(name, d)
     rng = np.random.default_rng(23)
     k = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
     v = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
-    slots = cupy.arange(n, dtype=cupy.int32)
+    s = rng.permutation(n).astype(np.int32)
+    s[rng.random(n) < 0.05] = -1
+    slots = cupy.asarray(s)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_PERSIST_CTAS", raising=False)
     got = {}
-    for variant in ("", "6"):
-        if variant:
-            monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+    for which in ("", variant):
+        if which:
+            monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", which)
         else:
             monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
         _, gpu = make_layers(fmt, heads, n // bs, bs, seed=1)
         write_rows(gpu, k, v, slots, "float16")
-        got[variant] = plane_bytes(gpu)
+        assert int(gpu.error_flag.get()[0]) == 0
+        got[which] = plane_bytes(gpu)
     for pname in got[""]:
-        assert np.array_equal(got[""][pname], got["6"][pname]), pname
+        assert np.array_equal(got[""][pname], got[variant][pname]), pname
