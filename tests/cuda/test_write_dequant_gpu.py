@@ -784,3 +784,180 @@ def test_turboquant_variant_5_equals_default_on_gaussian_rows(name, monkeypatch)
         got[variant] = plane_bytes(gpu)
     for pname in got[""]:
         assert np.array_equal(got[""][pname], got["5"][pname]), pname
+
+
+# --- TurboQuant write variant 6 (KVKIT_WRITE_TQ_VARIANT=6; branch w17, benchmarks/NOTES.md) ---
+# Variant 6 = 5 plus the key norm's float16 squares fused into their sums (one fma each): only
+# float16 inputs with MSE keys build differently (tests/cuda/test_compile.py checks that the
+# other builds' PTX is variant 5's), so these tests weight float16 rows.
+TQ_MSE_NAMES = [n for n in TQ_NAMES if n != "turboquant_k8v4"]
+
+
+def _w17_key_edges(k, rng):
+    """Key rows where the fused squares could differ if the argument were wrong: rows of signed
+    zeros, a lone -0 / +0 among large values, float16 subnormals (squares down to 2^-48), the
+    largest halves (squares near 2^32, the norm saturating the slot's float16), a lone huge
+    element among subnormals, and a row of one repeated value (every square equal)."""
+    n, heads, d = k.shape
+    for t in range(n):
+        h = (t * 5) % heads
+        kind = t % 7
+        if kind == 0:
+            k[t, h] = np.where(rng.random(d) < 0.5, -0.0, 0.0)
+        elif kind == 1:
+            k[t, h] = rng.choice([-1.0, 1.0], d) * 65504.0
+            k[t, h, rng.integers(d)] = -0.0
+        elif kind == 2:
+            k[t, h] = rng.choice([-1.0, 1.0], d) * rng.integers(1, 1024, d) * 2.0**-24
+        elif kind == 3:
+            k[t, h] = rng.integers(-1023, 1024, d) * 2.0**-24
+            k[t, h, rng.integers(d)] = 65504.0
+        elif kind == 4:
+            k[t, h] = 3.0517578e-05  # 2^-15: every square 2^-30
+    return k
+
+
+# Variant 7 = 6 plus the grid-stride loop (TQ_PERSIST); "7/3" caps its grid at 3 CTAs
+# (KVKIT_WRITE_TQ_PERSIST_CTAS), so every CTA runs several row groups on these small inputs.
+W17_VARIANTS = [("6", None), ("7", None), ("7", "3")]
+
+
+def _w17_env(monkeypatch, variant, ctas):
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
+    if ctas is None:
+        monkeypatch.delenv("KVKIT_WRITE_TQ_PERSIST_CTAS", raising=False)
+    else:
+        monkeypatch.setenv("KVKIT_WRITE_TQ_PERSIST_CTAS", ctas)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant, ctas", W17_VARIANTS)
+@pytest.mark.parametrize("in_dtype", IN_DTYPES)
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_tq_variant_6_w17_equals_numba(name, in_dtype, variant, ctas, monkeypatch):
+    """KVKIT_WRITE_TQ_VARIANT=6 / 7 (7 also with a 3-CTA grid): the Numba backend's bytes on
+    variant 5's test rows (Gaussian rows
+    of mixed magnitudes, exact value boundaries, NaN / inf / -0 / denormals, zero and NaN rows,
+    saturating scalars, one huge key element) plus the key edges above, at D = 64 / 128 / 256
+    (k8v4 also 48: no loop there), three heads, permuted slots with padding (-1, -5); then a
+    launch with every other slot beyond the cache sets the error flag and writes the other rows
+    only."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    _w17_env(monkeypatch, variant, ctas)
+    dims = (48, 64, 128, 256) if name == "turboquant_k8v4" else MSE_DIMS
+    for d in dims:
+        fmt = formats.get(name, d)
+        heads, bs, nb = 3, 16, 4
+        n = nb * bs - 5
+        rng = np.random.default_rng(d * 11 + len(in_dtype))
+        k32, v32, k_in, v_in = _tq5_rows(rng, n, heads, d, in_dtype)
+        if in_dtype == "float16":
+            with np.errstate(over="ignore"):
+                k_in = _w17_key_edges(k_in.astype(np.float64), rng).astype(np.float16)
+            k32 = k_in.astype(np.float32)
+        slots = rng.permutation(nb * bs)[:n].astype(np.int64 if d % 128 else np.int32)
+        slots[rng.random(n) < 0.15] = -1
+        slots[3] = -5
+        cpu, gpu = make_layers(fmt, heads, nb, bs, seed=d)
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 0
+        assert_planes_equal(cpu, gpu, context=f"variant {variant}/{ctas} {name} D={d} {in_dtype}")
+        bad = slots.copy()
+        bad[::2] = cpu.capacity + np.arange(bad[::2].size)
+        k_rev = cupy.asarray(k_in[::-1].copy())  # other keys than the first launch's
+        write_rows(gpu, k_rev, cupy.asarray(v_in), cupy.asarray(bad), in_dtype)
+        assert int(gpu.error_flag.get()[0]) == 1
+        cpu_backend.write_rows(cpu, k32[::-1][1::2], v32[1::2], slots[1::2].astype(np.int64))
+        context = f"variant {variant}/{ctas} {name} D={d} {in_dtype} beyond the cache"
+        assert_planes_equal(cpu, gpu, context=context)
+
+
+@st.composite
+def _w17_cases(draw):
+    name = draw(st.sampled_from(TQ_MSE_NAMES))
+    return dict(
+        name=name,
+        d=draw(st.sampled_from(MSE_DIMS)),
+        bs=draw(st.sampled_from(BLOCK_SIZES)),
+        heads=draw(st.integers(1, 4)),
+        num_blocks=draw(st.integers(1, 4)),
+        n=draw(st.integers(1, 48)),
+        seed=draw(st.integers(0, 2**32 - 1)),
+        dtype=draw(st.sampled_from(["float16", "float16", "bfloat16", "float32"])),
+        magnitude=draw(st.sampled_from([2.0**-20, 1e-3, 1.0, 30.0, 6000.0, 60000.0])),
+        padding=draw(st.floats(0.0, 0.5)),
+        specials=draw(st.booleans()),
+        scale="one",
+        slot_dtype=draw(st.sampled_from(["int32", "int64"])),
+        edges=draw(st.booleans()),
+        variant=draw(st.sampled_from(W17_VARIANTS + [("7", "1")])),
+    )
+
+
+@pytest.mark.gpu
+@given(_w17_cases())
+@example(  # a partial last warp of float16 rows whose norms saturate, with padding rows
+    dict(name="turboquant_4bit_nc", d=128, bs=16, heads=1, num_blocks=2, n=18, seed=3,
+         dtype="float16", magnitude=60000.0, padding=0.3, specials=True, scale="one",
+         slot_dtype="int32", edges=True, variant=("7", "1"))
+)  # fmt: skip
+def test_turboquant_tq_variant_6_w17_fuzzed_equals_numba(c):
+    """Hypothesis: variants 6 and 7 (its grid capped at 1 or 3 CTAs, or the device's) against
+    the Numba backend (MSE presets, D = 64 / 128 / 256, float16 weighted, magnitudes from
+    float16 subnormal squares to saturating norms, specials, padding, optionally the key edges
+    of _w17_key_edges)."""
+    import os
+    from unittest import mock
+
+    fmt = formats.get(c["name"], c["d"])
+    k32, v32, k_in, v_in, slots = make_inputs(c)
+    if c["edges"] and c["dtype"] == "float16":
+        rng = np.random.default_rng(c["seed"] + 1)
+        with np.errstate(over="ignore"):
+            k_in = _w17_key_edges(k_in.astype(np.float64), rng).astype(np.float16)
+        k32 = k_in.astype(np.float32)
+    env = {"KVKIT_WRITE_TQ_VARIANT": c["variant"][0]}
+    if c["variant"][1] is not None:
+        env["KVKIT_WRITE_TQ_PERSIST_CTAS"] = c["variant"][1]
+    with mock.patch.dict(os.environ, env):
+        cpu, gpu = make_layers(fmt, c["heads"], c["num_blocks"], c["bs"], c["seed"])
+        write_both(cpu, gpu, k32, v32, k_in, v_in, slots, c["dtype"])
+    assert int(gpu.error_flag.get()[0]) == 0
+    assert_planes_equal(cpu, gpu, context=f"w17 {c}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", ["6", "7"])
+@pytest.mark.parametrize("name", TQ_NAMES)
+def test_turboquant_tq_variant_6_w17_equals_default_on_gaussian_rows(name, variant, monkeypatch):
+    """Variants 6 / 7 and the default write the same bytes on 64K Gaussian float16 token-heads
+    (more row groups than an H200 holds CTAs at once: variant 7's CTAs loop at the device's own
+    grid), in a random page order with 5% padding."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    d, heads, bs, n = 128, 8, 16, 8192
+    fmt = formats.get(name, d)
+    rng = np.random.default_rng(23)
+    k = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    v = cupy.asarray(rng.standard_normal((n, heads, d)).astype(np.float16))
+    s = rng.permutation(n).astype(np.int32)
+    s[rng.random(n) < 0.05] = -1
+    slots = cupy.asarray(s)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_PERSIST_CTAS", raising=False)
+    got = {}
+    for which in ("", variant):
+        if which:
+            monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", which)
+        else:
+            monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
+        _, gpu = make_layers(fmt, heads, n // bs, bs, seed=1)
+        write_rows(gpu, k, v, slots, "float16")
+        assert int(gpu.error_flag.get()[0]) == 0
+        got[which] = plane_bytes(gpu)
+    for pname in got[""]:
+        assert np.array_equal(got[""][pname], got[variant][pname]), pname
