@@ -208,22 +208,6 @@
 #define KVD_CP_RINGLESS (KVD_CP_WARP_PIPE && KVD_CP_WARP_PIPE_ON >= 2)
 // The page windows: the warp pipes' (bulk) or the cp.async path's (KVD_CP_RINGLESS).
 #define KVD_PAGE_WIN (KVD_WARP_PIPE || KVD_CP_RINGLESS)
-// Speculative page windows (KVKIT_DECODE_SPEC_PAGES=0 / 1, env KVKIT_DECODE_SPEC_PAGES,
-// kvkit/cuda/decode.py; A/B builds): the first two windows' block-table entries are needed
-// before the first copy, and their indices follow the split's token range, which follows
-// seq_len: two dependent memory round trips (seq_len, then the entries) before the first
-// tile's copy. With 1 the entries are loaded for the range a sequence of max_blocks pages
-// would have, in flight with the seq_len load, and kept when the real range starts at the
-// same token and ends no later (every real-live entry was then loaded from the same index;
-// the rest are masked by live() in window_check): B = 1 decode, and every sequence at the
-// batch's longest length. Otherwise they are loaded again, as with 0. The same entries,
-// checks and flags: the same bits.
-#if defined(KVKIT_DECODE_SPEC_PAGES)
-#define KVD_SPEC_PAGES_ON KVKIT_DECODE_SPEC_PAGES
-#else
-#define KVD_SPEC_PAGES_ON 0
-#endif
-#define KVD_SPEC_PAGES (KVD_SPEC_PAGES_ON && KVD_PAGE_WIN)
 // The page ring's filling threads and each one's tile token (see KVD_CP_WARP_PIPE).
 #if KVD_CP_WARP_PIPE
 #define KVD_RING_FILL ((threadIdx.x & 31u) < 16u)
@@ -1224,9 +1208,6 @@ struct KvTilePipe {
     int pf_raw;
     unsigned pg_bits;
 #endif
-#if KVD_SPEC_PAGES
-    bool spec_hit;  // pf_e0 / pf_raw hold windows 0 / 1's entries (unchecked) already
-#endif
 
     // Whether token t (t < TILE) of tile j is in the split: only those are looked up.
     __device__ __forceinline__ bool live(int j, int t) const {
@@ -1311,12 +1292,6 @@ struct KvTilePipe {
     __device__ __forceinline__ void prologue_pages() {
 #if KVD_PAGE_WIN
         if (slabs) {  // windows 0 (checked) and 1 (loaded), both loads in flight together
-#if KVD_SPEC_PAGES
-            if (spec_hit) {  // kv_make_pipe's loads (pf_raw: window 1's already)
-                pf_e0 = window_check(0, pf_e0);
-                return;
-            }
-#endif
             const int e0 = window_entry(0);
             pf_raw = window_entry(1);
             pf_e0 = window_check(0, e0);
@@ -1949,21 +1924,6 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.bar_sa = kv_smem_addr(tp_ring + kvd::NP * kvd::TILE);
 #endif
 
-#if KVD_SPEC_PAGES
-    int spec_lo = 0, spec_hi = 0;
-    if (pp.slabs) {  // (KVD_SPEC_PAGES) windows 0 and 1 of a max_blocks-page sequence
-        const long long full = (long long)max_blocks * block_size;
-        if (full <= 0x7fffffffLL && kv_seq_len_ok((int)full, kvd::QL, max_blocks, block_size))
-            kv_split_tokens((int)full, block_size, window, &spec_lo, &spec_hi);
-        pp.t_lo = spec_lo;
-        pp.t_hi = spec_hi;
-        pp.n_tiles = (spec_hi - spec_lo + kvd::TILE - 1) / kvd::TILE;
-        pp.pf_e0 = pp.window_entry(0);
-        pp.pf_raw = pp.window_entry(1);
-    }
-#endif
-    // (After the speculative loads: ptxas moves seq_len to a uniform register right after
-    // its load, which waits for it, so loads placed after it in the source issue late.)
     const int seq_len = seq_lens[b];
     *seq_len_out = seq_len;
     const bool len_ok = kv_seq_len_ok(seq_len, kvd::QL, max_blocks, block_size);
@@ -1972,9 +1932,6 @@ __device__ __forceinline__ KvTilePipe kv_make_pipe(
     pp.t_hi = 0;
     if (len_ok) kv_split_tokens(seq_len, block_size, window, &pp.t_lo, &pp.t_hi);
     pp.n_tiles = (pp.t_hi - pp.t_lo + kvd::TILE - 1) / kvd::TILE;
-#if KVD_SPEC_PAGES
-    pp.spec_hit = pp.slabs && pp.t_lo == spec_lo && pp.t_hi <= spec_hi;
-#endif
 #if KVD_BULK
     // The stages' mbarriers sit after the page ring; every thread arrives once per tile. The
     // body's barrier before the first issue publishes the initialisation. Only CTAs that copy

@@ -128,12 +128,6 @@ pair; up to 8 query rows at head_dim 64, 4 at 128, none at 256; it follows
 same bits as 2 / (4) 3 with six stages instead of four at head_dim 64 (a pair's copies two pairs
 ahead of their use, not one): the same bits as 3.
 sm_90+ builds are the same for every value.
-``KVKIT_DECODE_SPEC_PAGES=0`` / ``1`` (the builds with page windows: NVFP4 and TurboQuant's
-tensor-core stage 1; A/B runs; unset: 0): the first two page windows' block-table entries
-loaded for the split range of a sequence of ``max_blocks`` pages, in flight with the
-``seq_lens`` load, and kept when the real range starts at the same token and ends no later
-(B = 1, or a sequence at the table's full length), else loaded again; the same entries, the
-same bits.
 With one split and no sinks stage 1 writes o and lse itself (no stage 2). Splits
 follow
 ``kvkit.splits.page_range``; the split count comes from the shapes (``max_blocks``, never the
@@ -452,10 +446,6 @@ _FAMILY_SWITCHES = (
     # CTA barrier per tile (0) (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS,
     # KVD_CP_PAIRS; default 2, fp8's 0).
     ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3", "4"), _EVERY_FAMILY),
-    # The first two page windows' block-table entries loaded for a max_blocks-page sequence,
-    # in flight with seq_len, kept where the real split range allows (1), or after seq_len
-    # (0) (decode_core.cuh KVD_SPEC_PAGES; builds with page windows).
-    ("KVKIT_DECODE_SPEC_PAGES", ("0", "1"), _EVERY_FAMILY),
 )
 
 

@@ -62,8 +62,7 @@ def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=()) -> dic
 def test_build_switches_reach_the_families_that_read_them(monkeypatch):
     """Each A/B switch becomes a define only for the formats whose stage 1 reads it; the warp
     pipes reach every family with warp slabs (NVFP4 and TurboQuant), the NaN-free E4M3 tiles
-    the formats with E4M3 bytes, the cp.async tile loop and the speculative page windows every
-    family (the core). Unset switches
+    the formats with E4M3 bytes, the cp.async tile loop every family (the core). Unset switches
     add no define."""
     from kvkit.cuda.decode import _FAMILY_SWITCHES
 
@@ -81,17 +80,16 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                   "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "KVKIT_DECODE_WARP_PIPE",
                   "KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_PAIR_ADDR",
                   "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_NV_PACK",
-                  "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_SPEC_PAGES"},
+                  "KVKIT_DECODE_CP_ASYNC_V2"},
         "turboquant_4bit_nc": {"KVKIT_DECODE_TQ_VARIANT", "KVKIT_DECODE_TQ3",
                                "KVKIT_DECODE_TQ_SLABS", "KVKIT_DECODE_TQ_SLABS64",
                                "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
                                "KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_TQ_PAIRS256",
                                "KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_TQ_ISSUE",
                                "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_K3V4",
-                               "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_SPEC_PAGES"},
-        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2",
-                     "KVKIT_DECODE_SPEC_PAGES"},
-        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_SPEC_PAGES"},
+                               "KVKIT_DECODE_CP_ASYNC_V2"},
+        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2"},
+        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2"},
     }  # fmt: skip
     expect["turboquant_k8v4"] = expect["turboquant_4bit_nc"] | {"KVKIT_DECODE_FP8_NANTILE"}
     for name, wanted in expect.items():

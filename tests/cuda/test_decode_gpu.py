@@ -2048,50 +2048,6 @@ def test_cp_async_v2_other_families_flag_bad_pages(cp, value, name, monkeypatch)
     assert_bad_pages_agree(name, 16, 23, monkeypatch, "KVKIT_DECODE_CP_ASYNC_V2", value)
 
 
-# --- speculative page windows (KVKIT_DECODE_SPEC_PAGES, decode_core.cuh KVD_SPEC_PAGES) --------
-# Windows 0 and 1's block-table entries loaded for the split range of a max_blocks-page
-# sequence before seq_len is known, kept when the real range starts at the same token and ends
-# no later. spare_blocks=0: the longest sequence fills its table row (kept in every split);
-# 1: one spare page (kept in split 0 only; the other splits load again). Table padding holds
-# garbage (-7) that the speculation reads and must not use.
-SPEC_NAMES = ["nvfp4", "turboquant_4bit_nc", "turboquant_k8v4"]
-
-
-@pytest.mark.parametrize("name", SPEC_NAMES)
-@pytest.mark.parametrize("spare", [0, 1])
-@pytest.mark.parametrize("lens", ["one", "ragged"])
-@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (16, 300)])
-def test_spec_pages_match_the_build_before(cp, name, spare, lens, block_size, window,
-                                           monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_SPEC_PAGES=1 against 0, bit for bit, at 1 and 3 splits: one sequence of
-    70 * 64 - 27 tokens (page windows 0 and 1 both used) or that among ragged ones, with or
-    without a spare table page, with windows."""
-    seq_lens = [70 * 64 - 27] if lens == "one" else [*PAIR_LENS, 70 * 64 - 27]
-    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
-                seq_lens=seq_lens, window=window, spare_blocks=spare,
-                seed=71 + spare + block_size + len(seq_lens))  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_SPEC_PAGES", "1", "0")
-
-
-@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc"])
-def test_spec_pages_flag_bad_pages_as_before(cp, name, monkeypatch):
-    """Bad block-table entries (one in page window 1's first tile) under
-    KVKIT_DECODE_SPEC_PAGES=1 and 0: the same flag, the same outputs bit for bit."""
-    assert_bad_pages_agree(name, 16, 31, monkeypatch, "KVKIT_DECODE_SPEC_PAGES", "1")
-
-
-@pytest.mark.parametrize("name", SPEC_NAMES)
-@pytest.mark.parametrize("head_dim", [64, 256])
-def test_spec_pages_match_float64_at_every_split_count(cp, name, head_dim, monkeypatch):
-    """Under KVKIT_DECODE_SPEC_PAGES=1, one full-table sequence and ragged ones at every split
-    count, within DECODE_GPU_RTOL of float64, with sinks and a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_SPEC_PAGES", "1")
-    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
-                seq_lens=[40 * 64 + 3, *PAIR_LENS], sinks=True, softcap=30.0, spare_blocks=0,
-                seed=83 + head_dim)  # fmt: skip
-    check_against_reference(case)
-
-
 @pytest.mark.parametrize("value", ["1", "2"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_cp_async_v2_matches_float64_at_every_split_count(cp, value, head_dim, monkeypatch):
