@@ -434,8 +434,16 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_MMA_PACK_OK (KV_NV_PACK == 1)
 #define KV_MMA_PACK_F16 1
 #define KV_MMA_EXP_CLAMP (KV_NV_PACK >= 1)
-// The tile pairs on the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=3 / 4, decode_core.cuh).
+// The tile pairs on the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=3 / 4, decode_core.cuh), the
+// default here. Session 17, H200 through KVKIT_ARCH=sm_80, graph ms 2 -> 3 (two runs): D = 64
+// (32, 4096) 0.0570 / 0.0565 -> 0.0483 / 0.0486; (64, 8192) 0.2508 / 0.2527 -> 0.2298 /
+// 0.2240; (1, 131072) 0.0720 / 0.0721 -> 0.0649 / 0.0651; (8, 8192) even (16 tiles a split:
+// the split-length rule's single tiles). 4 (six stages at D = 64) was no better than 3. The
+// pair build's stages take more shared memory (D = 128 4 x 1: 54,896 bytes a CTA, 29,792 at
+// 2), so the launcher keeps 2 on GPUs where that holds fewer CTAs per SM (kvkit/cuda/decode.py
+// _stage1_default: an A100's 164 KB, sm_86 / sm_89's 100 KB).
 #define KV_CP_PAIRS_OK 1
+#define KV_CP_ASYNC_V2_DEFAULT 3
 
 #include "common/decode_core.cuh"
 

@@ -185,7 +185,7 @@
 // graph ms 0 -> 2: NVFP4 D = 64 (32, 4096) 0.0576 -> 0.0564, (64, 8192) 0.2806 -> 0.2524,
 // (1, 131072) 0.0783 -> 0.0720; 4bit_nc (64, 8192) 0.3238 -> 0.3015, D = 64 0.0651 -> 0.0625;
 // k8v4 (64, 8192) 0.2795 -> 0.2618; 1 (the page ring per warp) was slower than 0. A family may
-// set its own (KV_CP_ASYNC_V2_DEFAULT before this file: fp8 keeps 0).
+// set its own (KV_CP_ASYNC_V2_DEFAULT before this file: fp8 keeps 0, NVFP4 takes 3).
 #if defined(KVKIT_DECODE_CP_ASYNC_V2)
 #define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
 #elif defined(KV_CP_ASYNC_V2_DEFAULT)

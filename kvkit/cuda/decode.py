@@ -114,9 +114,10 @@ for its 62-byte rows / the chunks alone (64 as before); the same products summed
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
 ``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` / ``4`` (the tensor-core builds of every
 family on the targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on
-newer GPUs; A/B runs; unset: 2, but 0 for fp8_e4m3; 2 and above fall back to 0 where the core
-does not take V straight into registers: NVFP4 at head_dim 96, fp16 / bf16; 3 and 4 are
-NVFP4's, the others build 2): the tensor-core tile loop with the CTA barrier per tile /
+newer GPUs; A/B runs; unset: 3 for NVFP4, but 2 on GPUs where 3's CTAs fit fewer times on an
+SM (``_stage1_default``), 0 for fp8_e4m3, 2 for the others; 2 and above fall back to 0 where
+the core does not take V straight into registers: NVFP4 at head_dim 96, fp16 / bf16; 3 and 4
+are NVFP4's, the others build 2): the tensor-core tile loop with the CTA barrier per tile /
 warp-local: each warp fills its own 16 page-ring entries and, in fast launches with pages of
 >= 16 tokens (whose cp.async copies are already the warp's own), meets its lanes only
 (__syncwarp) per tile / that, and with power-of-two pages of >= 16 tokens no ring at all (the
@@ -157,7 +158,7 @@ from ..splits import MAX_SPLITS, choose_num_splits
 from .compiler import get_module
 from .launch import ProgrammaticKernel
 from .launch import launch_and_record as _launch
-from .split_builds import split_length_switches, split_tiles
+from .split_builds import LOOP_BULK_COPY, LOOP_TILE_PAIRS, split_length_switches, split_tiles
 from .write import plane_args
 
 __all__ = ["decode", "merge_states", "check_row_limits", "stage1_scales"]
@@ -444,7 +445,7 @@ _FAMILY_SWITCHES = (
     # with page windows instead of the ring (2), that with the tile-pair loop (3, NVFP4; float32
     # rounding apart from 2), 3 with six stages at head_dim 64 (4; the same bits as 3), or the
     # CTA barrier per tile (0) (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS,
-    # KVD_CP_PAIRS; default 2, fp8's 0).
+    # KVD_CP_PAIRS; default 2, NVFP4's 3, fp8's 0).
     ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3", "4"), _EVERY_FAMILY),
 )
 
@@ -539,8 +540,21 @@ def _merge_kernel(name: str):
     return func
 
 
-#: Shared memory of an SM (H100 / H200: 228 KB; 1 KB of it reserved per resident CTA).
-_SMEM_PER_SM = 228 * 1024
+_smem_info: dict[int, int] = {}
+
+
+def _smem_per_sm() -> int:
+    """Shared memory of an SM of the current device (H100 / H200: 228 KB, A100: 164 KB,
+    sm_86 / sm_89: 100 KB; 1 KB of it reserved per resident CTA), cached."""
+    import cupy
+
+    dev = cupy.cuda.runtime.getDevice()
+    n = _smem_info.get(dev)
+    if n is None:
+        rt = cupy.cuda.runtime
+        attr = rt.cudaDevAttrMaxSharedMemoryPerMultiprocessor
+        n = _smem_info[dev] = int(rt.deviceGetAttribute(attr, dev))
+    return n
 
 
 #: Registers of an SM, and the fewest threads any target from sm_80 to sm_120 keeps resident
@@ -565,9 +579,29 @@ def _resident_ctas(func, threads: int, smem: int) -> int:
     per_warp = -(-regs * 32 // 256) * 256
     by_regs = _REGS_PER_SM // (per_warp * (threads // 32))
     by_threads = _THREADS_PER_SM // threads
-    n = max(1, min(by_regs, by_threads, _SMEM_PER_SM // (smem + 1024)))
+    n = max(1, min(by_regs, by_threads, _smem_per_sm() // (smem + 1024)))
     _resident_cache[id(func)] = (func, n)  # holds func, so its id is not reused
     return n
+
+
+#: The cp.async path's build to take where NVFP4's default (its tile pairs,
+#: KVKIT_DECODE_CP_ASYNC_V2=3) holds fewer CTAs per SM (``_stage1_default``).
+_CP_PAIRS_FALLBACK = (("KVKIT_DECODE_CP_ASYNC_V2", "2"),)
+
+
+def _stage1_default(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
+    """(build, auto) of ``_stage1_for`` for these shapes before the split-length rule: the
+    default build, or, on targets without bulk copies whose default is the tile-pair loop, the
+    page-window build (``_CP_PAIRS_FALLBACK``) where the pairs' larger stages fit fewer CTAs
+    on an SM of this GPU (measured faster only on the H200's 228 KB, where both fit four;
+    decode_nvfp4.cu KV_CP_ASYNC_V2_DEFAULT). ``auto`` goes on to any later rebuild."""
+    build = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads, _, loop = build
+    if loop & LOOP_TILE_PAIRS and not loop & LOOP_BULK_COPY:
+        alt = _stage1_for(fmt, entry, kname, in_define, group, q_len, _CP_PAIRS_FALLBACK)
+        if _resident_ctas(func, threads, smem) < _resident_ctas(alt[0], alt[2], alt[1]):
+            return alt, _CP_PAIRS_FALLBACK
+    return build, ()
 
 
 def decode(
@@ -687,13 +721,15 @@ def decode(
     if batch == 0:
         return o, lse
 
-    func, smem, threads, tile, loop = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    build, picked = _stage1_default(fmt, entry, kname, in_define, group, q_len)
+    func, smem, threads, tile, loop = build
     if num_splits is None:
         num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
     # Another build of the same kernel where the loop it was built with is the slower one
     # for splits of this length (split_builds.py has the measurements); same arguments.
     auto = split_length_switches(fmt, loop, split_tiles(max_blocks * bs, bs, num_splits, tile))
     if auto:
+        auto = picked + auto
         func, smem, threads, tile, _ = _stage1_for(fmt, entry, kname, in_define, group, q_len, auto)
 
     planes = []
@@ -814,7 +850,7 @@ def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max
     in_define, _ = _Q_DTYPES[q_dtype]
     group = num_heads // layer.num_kv_heads
     check_row_limits(group, q_len, fmt.head_dim)
-    func, smem, threads, tile, _ = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    (func, smem, threads, tile, _), _ = _stage1_default(fmt, entry, kname, in_define, group, q_len)
     return _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
 
 

@@ -110,3 +110,41 @@ def test_environment_switches_win_over_the_launchers_choice(monkeypatch):
     # A switch the format does not read stays out of its defines.
     slabs = (("KVKIT_DECODE_TQ_SLABS", "1"),)
     assert "KVKIT_DECODE_TQ_SLABS" not in _stage1_defines(monkeypatch, "nvfp4", auto=slabs)
+
+
+@pytest.mark.parametrize("smem_per_sm, fallback", [(228 * 1024, False), (164 * 1024, True),
+                                                   (100 * 1024, True)])  # fmt: skip
+def test_cp_async_pairs_need_as_many_ctas_per_sm(monkeypatch, smem_per_sm, fallback):
+    """NVFP4's cp.async default (tile pairs, KVKIT_DECODE_CP_ASYNC_V2=3) only where its CTAs
+    (D = 128 4 x 1 on sm_80: 54,896 shared bytes, 127 registers) fit on an SM as many times
+    as the page-window build's (29,792 bytes): kept on the H200's 228 KB, replaced by
+    KVKIT_DECODE_CP_ASYNC_V2=2 on an A100's 164 KB and sm_86 / sm_89's 100 KB."""
+    import cupy
+
+    from kvkit.cuda import decode as cuda_decode
+    from kvkit.cuda.split_builds import LOOP_TILE_PAIRS
+
+    class FakeKernel:
+        attributes = {"num_regs": 127}
+
+    pairs, windows = FakeKernel(), FakeKernel()
+
+    def fake_kernel(entry, kname, defines):
+        if defines.get("KVKIT_DECODE_CP_ASYNC_V2") == "2":
+            return windows, 29792, 128, 64, 0
+        return pairs, 54896, 128, 64, LOOP_TILE_PAIRS
+
+    monkeypatch.delenv("KVKIT_DECODE_CP_ASYNC_V2", raising=False)
+    monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
+    monkeypatch.setattr(cuda_decode, "_stage1_kernel", fake_kernel)
+    monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
+    monkeypatch.setattr(cuda_decode, "_resident_cache", {})
+    monkeypatch.setattr(cuda_decode, "_smem_per_sm", lambda: smem_per_sm)
+    build, picked = cuda_decode._stage1_default(formats.get("nvfp4", 128), "x.cu", "k", "1", 4, 1)
+    assert (build[0] is windows) is fallback
+    assert picked == (cuda_decode._CP_PAIRS_FALLBACK if fallback else ())
+    # A value set in the environment wins: no fallback build.
+    monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", "3")
+    monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
+    build, picked = cuda_decode._stage1_default(formats.get("nvfp4", 128), "x.cu", "k", "1", 4, 1)
+    assert build[0] is pairs and picked == ()
