@@ -63,6 +63,17 @@ if (pipe.slabs) {
                        "r"(tv * SR0 + kv_mma_vlane(0, g)));
     }
     constexpr int LC = 0;  // the key lane term is in lkl: the hook's c
+#if defined(KV_MMA_VLOAD_AT4)
+    // (KV_MMA_VLOAD_AT4, below) lvl's row part (tw0 + tok(2 c)) SR0 a whole number of words for
+    // every lane (tw0 = 16 w; tok(2 c) = 2 c in order, a(c) with KV_MMA_TOKEN_A), and so are
+    // the stages' offsets: a PV row's address mod 4 is its constant row part's.
+#if defined(KV_MMA_TOKEN_A)
+    static_assert(SR0 % 4 == 0 || (KV_MMA_TOKEN_A & 0x1111u) == 0,
+                  "value rows: whole-word lane row offsets");
+#endif
+    static_assert(kvd::STAGE_BYTES % 4 == 0 && (16 * SR0) % 4 == 0,
+                  "value rows: stages whole words apart");
+#endif
 #elif KVD_PAIR_ADDR
     // Lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets in their plane's region
     // of a stage of the rows the hooks read, their lane terms (kv_mma_klane / kv_mma_vlane)
@@ -445,7 +456,24 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
                 rv[0] = s + lvl + ((k & 1) * TB + (k >> 1) * TK) * SR0;
                 rv[1] = rv[2] = rv[3] = s;  // (not read: one plane)
+#if defined(KV_MMA_VLOAD_AT4)
+                // (KV_MMA_VLOAD_AT4) The row's address mod 4, known here: the stage is 16-byte
+                // aligned (bulk copies), STAGE_BYTES and lvl's row part (tw0 + tok(2 c)) SR0 are
+                // whole words (VROW4 below), so it is the constant row part's mod 4; the family
+                // loads by it (whole words where its run is aligned). The same bytes.
+                // (k is a constant after the unrolling: one call remains.)
+                if (k == 0) {
+                    kv_mma_vload_at4<0>(rv, g, vraw[h][k]);
+                } else if (k == 1) {
+                    kv_mma_vload_at4<(TB * SR0) % 4>(rv, g, vraw[h][k]);
+                } else if (k == 2) {
+                    kv_mma_vload_at4<(TK * SR0) % 4>(rv, g, vraw[h][k]);
+                } else {
+                    kv_mma_vload_at4<((TB + TK) * SR0) % 4>(rv, g, vraw[h][k]);
+                }
+#else
                 kv_mma_vload_at(rv, g, vraw[h][k]);
+#endif
 #elif KVD_PAIR_ADDR
                 rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
                 rv[2] = s + kvd::SO2 + ((k & 1) ? lv2 ^ SR2 : lv2) + (k >> 1) * 8 * SR2;
