@@ -377,6 +377,37 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 #endif
 }
+#if KV_TQ17
+// (KV_TQ17) kv_mma_kload's words for a run at p + sh / 8, p 4-byte aligned (the tile pairs
+// hold the lane's rounded offset and shift: decode_mma_pairs.cuh KV_MMA_KLOAD_AL, the hook's
+// c = 0 there). The same loads and funnel shifts, without the per-run alignment arithmetic.
+#define KV_MMA_KLOAD_AL 1
+__device__ __forceinline__ void kv_mma_kload_al(const unsigned char* p, unsigned sh,
+                                                unsigned* raw) {
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
+#if KV_TQ_KSPLIT
+    constexpr int N = KV_TQ_RUN_WORDS / 2, CW = KV_TQ_KCHUNK;  // as kv_mma_kload's chunks
+    unsigned w[2][N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) {
+        w[0][i] = q[i];
+        w[1][i] = q[CW + i];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], sh);
+        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], sh);
+    }
+#else
+    constexpr int N = KV_TQ_RUN_WORDS;
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], sh);
+#endif
+}
+#endif
 #if TQ_KEY_BITS == 3
 // 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
 // word holding the code at bit s in {7, .., 10} (a table copy per s, KV_MMA_TABLE_WORDS).

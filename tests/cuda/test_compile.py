@@ -222,7 +222,9 @@ def test_tensor_core_decode_does_not_spill(arch):
     # without its packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs;
     # default 1 from head_dim 128, 2 below); "-cpv2" / "-cpv2r": NVFP4's warp-local cp.async
     # tile loop, with the page ring / page windows (KVKIT_DECODE_CP_ASYNC_V2=1 / 2, A/B runs;
-    # sm_80 / sm_89 only, the sm_90 build is the default's).
+    # sm_80 / sm_89 only, the sm_90 build is the default's); "-tq17": TurboQuant's codebook
+    # presets with word-aligned value loads, held key-run alignment and the unguarded softmax
+    # (KVKIT_DECODE_TQ17=1, A/B runs; default 0).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -244,6 +246,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "nvpack0": ("KVKIT_DECODE_NV_PACK", "0"),
         "cpv2": ("KVKIT_DECODE_CP_ASYNC_V2", "1"),
         "cpv2r": ("KVKIT_DECODE_CP_ASYNC_V2", "2"),
+        "tq17": ("KVKIT_DECODE_TQ17", "1"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -254,7 +257,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr0",
                  "turboquant_4bit_nc-pairaddr0", "nvfp4-nvissue0",
                  "turboquant_4bit_nc-tqissue0", "nvfp4-nvpack0", "nvfp4-cpv2",
-                 "nvfp4-cpv2r"):  # fmt: skip
+                 "nvfp4-cpv2r", "turboquant_4bit_nc-tq17", "turboquant_k3v4_nc-tq17"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
