@@ -677,37 +677,42 @@ __device__ __forceinline__ void kv_mma_vload_at4(const unsigned char* const* row
     constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
     constexpr int A = (M + TQ_VALUE_OFFSET) % 4;
     const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
-    if constexpr (KV_TQ_V_HALVES || KV_TQ_V_WORD || A % 2 != 0) {
-        kv_mma_vload_t<true>(rows, g, raw);  // 16-bit units or 3-byte runs: as before
-    } else if constexpr (KV_HEAD_DIM == 256) {
-        static_assert((VB / 8) % 4 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
-        const unsigned* q = reinterpret_cast<const unsigned*>(p - A);
-        if constexpr (A == 0) {
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD
+    (void)A;
+    (void)p;
+    kv_mma_vload_t<true>(rows, g, raw);  // 16-bit units or 3-byte runs: as before
+#elif KV_HEAD_DIM == 256
+    static_assert((VB / 8) % 4 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
+    if constexpr (A % 2 != 0) {
+        kv_mma_vload_t<true>(rows, g, raw);
+    } else if constexpr (A == 0) {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p);
 #pragma unroll
-            for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
-        } else {
-            unsigned w[KV_MMA_VRAW + 1];
-#pragma unroll
-            for (int i = 0; i <= KV_MMA_VRAW; ++i) w[i] = q[i];
-#pragma unroll
-            for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = __byte_perm(w[i], w[i + 1], 0x5432);
-        }
+        for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
     } else {
-        static_assert(VB == 32 || VB == 64, "4-bit runs of one or two words at D <= 128");
-        static_assert((VB / 8) % 4 == 0, "lane terms in whole words");
-        if constexpr (A == 0) {
-            const unsigned* q = reinterpret_cast<const unsigned*>(p);
-            raw[0] = q[0];
-            raw[1] = VB == 64 ? q[1] : 0u;
-        } else if constexpr (VB == 64) {
-            const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
-            const unsigned mid = *reinterpret_cast<const unsigned*>(p + 2);
-            raw[0] = __byte_perm(h[0], mid, 0x5410);
-            raw[1] = __byte_perm(mid, h[3], 0x5432);
-        } else {
-            kv_mma_vload_t<true>(rows, g, raw);  // two 2-byte loads and a permute: as before
-        }
+        const unsigned* q = reinterpret_cast<const unsigned*>(p - A);
+        unsigned w[KV_MMA_VRAW + 1];
+#pragma unroll
+        for (int i = 0; i <= KV_MMA_VRAW; ++i) w[i] = q[i];
+#pragma unroll
+        for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = __byte_perm(w[i], w[i + 1], 0x5432);
     }
+#else
+    static_assert(VB == 32 || VB == 64, "4-bit runs of one or two words at D <= 128");
+    static_assert((VB / 8) % 4 == 0, "lane terms in whole words");
+    if constexpr (A == 0) {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p);
+        raw[0] = q[0];
+        raw[1] = VB == 64 ? q[1] : 0u;
+    } else if constexpr (A == 2 && VB == 64) {
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+        const unsigned mid = *reinterpret_cast<const unsigned*>(p + 2);
+        raw[0] = __byte_perm(h[0], mid, 0x5410);
+        raw[1] = __byte_perm(mid, h[3], 0x5432);
+    } else {
+        kv_mma_vload_t<true>(rows, g, raw);  // odd, or two 2-byte loads and a permute: as before
+    }
+#endif
 }
 #endif
 #endif
