@@ -193,6 +193,28 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA_TABLE_FIRST 1
 #endif
 #define KV_MMA_VF 1.0f
+// -DKVKIT_DECODE_TQ17 (kvkit/cuda/decode.py; A/B runs; default 0, the build before; benchmarks/
+// NOTES.md "tq17"): the codebook presets' tensor-core stage 1 with three instruction cuts
+// that keep every loaded bit and every float operation:
+// - value-code words by the rows' known alignment (kv_mma_vload_at4 below): the slot rows are
+//   TQ_SLOT_BYTES apart (2 mod 4 at every head_dim) from a 16-byte aligned stage, so the
+//   parity of a PV token's row fixes its value run's address mod 4; aligned runs take whole
+//   word loads instead of 2-byte loads and permutes (or funnel shifts by a run-time shift);
+// - in the tile pairs, each lane's key-run alignment (the same for its two tokens and both
+//   tiles: rows 8 apart, stages whole words apart) worked out once and held (kv_mma_kload_al);
+// - the online softmax without its empty-row guard (KV_MMA_EXP_CLAMP, as NVFP4's).
+// Same bits, but for a row whose visible logits are all NaN (NaN there; 0 weights before).
+#if defined(KVKIT_DECODE_TQ17) && !TQ_KEY_FP8
+#define KV_TQ17 KVKIT_DECODE_TQ17
+#else
+#define KV_TQ17 0
+#endif
+#if KV_TQ17 < 0 || KV_TQ17 > 1
+#error "KVKIT_DECODE_TQ17: 0 or 1"
+#endif
+#if KV_TQ17
+#define KV_MMA_EXP_CLAMP 1
+#endif
 // N words of staged bytes starting at any byte p: aligned words from the 4-byte boundary
 // below, funnel-shifted down (N + 1 word loads; the caller says why the word past the run and
 // the bytes before p are readable).
@@ -355,6 +377,37 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 #endif
 }
+#if KV_TQ17
+// (KV_TQ17) kv_mma_kload's words for a run at p + sh / 8, p 4-byte aligned (the tile pairs
+// hold the lane's rounded offset and shift: decode_mma_pairs.cuh KV_MMA_KLOAD_AL, the hook's
+// c = 0 there). The same loads and funnel shifts, without the per-run alignment arithmetic.
+#define KV_MMA_KLOAD_AL 1
+__device__ __forceinline__ void kv_mma_kload_al(const unsigned char* p, unsigned sh,
+                                                unsigned* raw) {
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
+#if KV_TQ_KSPLIT
+    constexpr int N = KV_TQ_RUN_WORDS / 2, CW = KV_TQ_KCHUNK;  // as kv_mma_kload's chunks
+    unsigned w[2][N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) {
+        w[0][i] = q[i];
+        w[1][i] = q[CW + i];
+    }
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], sh);
+        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], sh);
+    }
+#else
+    constexpr int N = KV_TQ_RUN_WORDS;
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], sh);
+#endif
+}
+#endif
 #if TQ_KEY_BITS == 3
 // 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
 // word holding the code at bit s in {7, .., 10} (a table copy per s, KV_MMA_TABLE_WORDS).
@@ -610,6 +663,58 @@ __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows
                                                 unsigned* raw) {
     kv_mma_vload_t<true>(rows, g, raw);
 }
+#if KV_TQ17
+// (KV_TQ17) kv_mma_vload_at for a row whose address is M mod 4 (the pair loop knows it at
+// compile time: decode_mma_pairs.cuh KV_MMA_VLOAD_AT4). The lane term kv_tq_vlane(g) is a
+// multiple of 4 wherever this changes anything, so the run starts at (M + TQ_VALUE_OFFSET)
+// mod 4. Whole words where that is 0; where it is 2, words from 2 bytes below joined by
+// constant byte permutes (D = 256: what kv_tq_load_words' funnel shift by the run-time 8 a
+// does) or a 2-byte, a word and a 2-byte load (D <= 128). The same run bits in raw.
+#define KV_MMA_VLOAD_AT4 1
+template <int M>
+__device__ __forceinline__ void kv_mma_vload_at4(const unsigned char* const* rows, int g,
+                                                 unsigned* raw) {
+    constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+    constexpr int A = (M + TQ_VALUE_OFFSET) % 4;
+    const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
+#if KV_TQ_V_HALVES || KV_TQ_V_WORD
+    (void)A;
+    (void)p;
+    kv_mma_vload_t<true>(rows, g, raw);  // 16-bit units or 3-byte runs: as before
+#elif KV_HEAD_DIM == 256
+    static_assert((VB / 8) % 4 == 0 && VB / 32 == KV_MMA_VRAW, "whole words per lane group");
+    if constexpr (A % 2 != 0) {
+        kv_mma_vload_t<true>(rows, g, raw);
+    } else if constexpr (A == 0) {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p);
+#pragma unroll
+        for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = q[i];
+    } else {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p - A);
+        unsigned w[KV_MMA_VRAW + 1];
+#pragma unroll
+        for (int i = 0; i <= KV_MMA_VRAW; ++i) w[i] = q[i];
+#pragma unroll
+        for (int i = 0; i < KV_MMA_VRAW; ++i) raw[i] = __byte_perm(w[i], w[i + 1], 0x5432);
+    }
+#else
+    static_assert(VB == 32 || VB == 64, "4-bit runs of one or two words at D <= 128");
+    static_assert((VB / 8) % 4 == 0, "lane terms in whole words");
+    if constexpr (A == 0) {
+        const unsigned* q = reinterpret_cast<const unsigned*>(p);
+        raw[0] = q[0];
+        raw[1] = VB == 64 ? q[1] : 0u;
+    } else if constexpr (A == 2 && VB == 64) {
+        const unsigned short* h = reinterpret_cast<const unsigned short*>(p);
+        const unsigned mid = *reinterpret_cast<const unsigned*>(p + 2);
+        raw[0] = __byte_perm(h[0], mid, 0x5410);
+        raw[1] = __byte_perm(mid, h[3], 0x5432);
+    } else {
+        kv_mma_vload_t<true>(rows, g, raw);  // odd, or two 2-byte loads and a permute: as before
+    }
+#endif
+}
+#endif
 #endif
 #if KV_TQ_V_HALVES || KV_TQ_V_WORD || KV_TQ_V_WINS
 // 3-bit codes from 16-bit units: a "window" t (a multiple of 8) is the word holding run bits

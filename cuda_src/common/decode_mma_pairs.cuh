@@ -64,7 +64,33 @@ if (pipe.slabs) {
                      : "r"(tk * (SR0 / 2)), "r"(tk * SR0 + kv_mma_klane(0, c)),
                        "r"(tv * SR0 + kv_mma_vlane(0, g)));
     }
+#if defined(KV_MMA_KLOAD_AL)
+    // (KV_MMA_KLOAD_AL) The code run's alignment, held: a lane's runs (tokens tok(g) and
+    // tok(g) + TK, both tiles) share lkl's address mod 4 (stages and TK rows whole words
+    // apart, the stage 16-byte aligned), so lkl is held rounded down to a word with the
+    // funnel shift 8 (lkl mod 4) beside it, not worked out again per run (kv_tq_load_words'
+    // a = p & 3, p - a and 8 a: three instructions a run, four runs a pair).
+    // (Not where TK rows are 2 mod 4 bytes: 4bit_nc's KVKIT_DECODE_TQ_TOKEN_ORDER=2 at 256.)
+    constexpr bool KAL = kvd::STAGE_BYTES % 4 == 0 && (TK * SR0) % 4 == 0;
+    unsigned ksh = 0u;
+    if constexpr (KAL) {
+        asm volatile("and.b32 %1, %0, 3;\n\tshl.b32 %1, %1, 3;\n\tand.b32 %0, %0, -4;"
+                     : "+r"(lkl), "=r"(ksh));
+    }
+#endif
     constexpr int LC = 0;  // the key lane term is in lkl: the hook's c
+#if defined(KV_MMA_VLOAD_AT4)
+    // (KV_MMA_VLOAD_AT4, below) Where lvl's row part (tw0 + tok(2 c)) SR0 is a whole number of
+    // words for every lane (tw0 = 16 w; tok(2 c) = 2 c in order, a(c) with KV_MMA_TOKEN_A:
+    // not k3v4_nc's order at D = 64, a(c) = 0, 1, 4, 5 on 62-byte rows) and so are the stages'
+    // offsets, a PV row's address mod 4 is its constant row part's.
+#if defined(KV_MMA_TOKEN_A)
+    constexpr bool VAL4 = kvd::STAGE_BYTES % 4 == 0 &&
+                          (SR0 % 4 == 0 || (KV_MMA_TOKEN_A & 0x1111u) == 0);
+#else
+    constexpr bool VAL4 = kvd::STAGE_BYTES % 4 == 0;
+#endif
+#endif
 #elif KVD_PAIR_ADDR
     // Lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets in their plane's region
     // of a stage of the rows the hooks read, their lane terms (kv_mma_klane / kv_mma_vlane)
@@ -193,7 +219,15 @@ if (pipe.slabs) {
         float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
+#if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT) && defined(KV_MMA_KLOAD_AL)
+            if constexpr (KAL) {
+                kv_mma_kload_al(kl[h][0], ksh, kraw[h][0]);  // (kl rounded down to a word)
+                kv_mma_kload_al(kl[h][1], ksh, kraw[h][1]);
+            } else {
+                kv_mma_kload(&kl[h][0], LC, kraw[h][0]);
+                kv_mma_kload(&kl[h][1], LC, kraw[h][1]);
+            }
+#elif KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
             kv_mma_kload(&kl[h][0], LC, kraw[h][0]);
             kv_mma_kload(&kl[h][1], LC, kraw[h][1]);
 #else
@@ -466,7 +500,26 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
                 rv[0] = s + lvl + ((k & 1) * TB + (k >> 1) * TK) * SR0;
                 rv[1] = rv[2] = rv[3] = s;  // (not read: one plane)
+#if defined(KV_MMA_VLOAD_AT4)
+                // (KV_MMA_VLOAD_AT4) The row's address mod 4, known here: the stage is 16-byte
+                // aligned (bulk copies), STAGE_BYTES and lvl's row part (tw0 + tok(2 c)) SR0 are
+                // whole words (VROW4 below), so it is the constant row part's mod 4; the family
+                // loads by it (whole words where its run is aligned). The same bytes.
+                // (k is a constant after the unrolling: one call remains.)
+                if (!VAL4) {
+                    kv_mma_vload_at(rv, g, vraw[h][k]);
+                } else if (k == 0) {
+                    kv_mma_vload_at4<0>(rv, g, vraw[h][k]);
+                } else if (k == 1) {
+                    kv_mma_vload_at4<(TB * SR0) % 4>(rv, g, vraw[h][k]);
+                } else if (k == 2) {
+                    kv_mma_vload_at4<(TK * SR0) % 4>(rv, g, vraw[h][k]);
+                } else {
+                    kv_mma_vload_at4<((TB + TK) * SR0) % 4>(rv, g, vraw[h][k]);
+                }
+#else
                 kv_mma_vload_at(rv, g, vraw[h][k]);
+#endif
 #elif KVD_PAIR_ADDR
                 rv[0] = rv[1] = s;  // (not read by kv_mma_vload)
 #if KVD_CP_PAIRS

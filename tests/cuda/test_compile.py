@@ -222,10 +222,12 @@ def test_tensor_core_decode_does_not_spill(arch):
     # without its packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs;
     # default 1 from head_dim 128, 2 below); "-cpv2" / "-cpv20": NVFP4's cp.async tile loop
     # with the page ring per warp / the CTA barrier (KVKIT_DECODE_CP_ASYNC_V2=1 / 0, A/B runs;
-    # the default is 2, page windows, for every family but fp8; sm_80 / sm_89 only, the sm_90
-    # build is the default's); "-cpv2r": the page windows without the tile-pair loop of
-    # NVFP4's default (KVKIT_DECODE_CP_ASYNC_V2=2, the launcher's fallback where the pairs'
-    # CTAs fit fewer times on an SM).
+    # sm_80 / sm_89 only, the sm_90 build is the default's); "-cpv2r": the page windows
+    # without the tile-pair loop of NVFP4's default 3 (KVKIT_DECODE_CP_ASYNC_V2=2, the
+    # launcher's fallback where the pairs' CTAs fit fewer times on an SM; the other families'
+    # default but fp8's); "-tq17": TurboQuant's codebook presets with word-aligned value
+    # loads, held key-run alignment and the unguarded softmax (KVKIT_DECODE_TQ17=1, A/B runs;
+    # default 0).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -248,6 +250,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "cpv2": ("KVKIT_DECODE_CP_ASYNC_V2", "1"),
         "cpv20": ("KVKIT_DECODE_CP_ASYNC_V2", "0"),
         "cpv2r": ("KVKIT_DECODE_CP_ASYNC_V2", "2"),
+        "tq17": ("KVKIT_DECODE_TQ17", "1"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -258,7 +261,8 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_4bit_nc-pairs0", "nvfp4-pairaddr0",
                  "turboquant_4bit_nc-pairaddr0", "nvfp4-nvissue0",
                  "turboquant_4bit_nc-tqissue0", "nvfp4-nvpack0", "nvfp4-cpv2",
-                 "nvfp4-cpv20", "nvfp4-cpv2r"):  # fmt: skip
+                 "nvfp4-cpv20", "nvfp4-cpv2r", "turboquant_4bit_nc-tq17",
+                 "turboquant_k3v4_nc-tq17"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),

@@ -512,10 +512,13 @@ def assert_bad_pages_agree(
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
     # the same, pairs and pair addresses on.
-    pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE")
+    # KVKIT_DECODE_TQ17 (TurboQuant's aligned value words, held key-run alignment, unguarded
+    # softmax): the same.
+    pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
+                        "KVKIT_DECODE_TQ17")  # fmt: skip
     if var == "KVKIT_DECODE_NV_PACK" or cp_pairs:
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE"):
+    if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
     if not pairs:
@@ -1973,6 +1976,94 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
     case = Case("turboquant_k3v4_nc", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=64, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=29 + group + int(value))  # fmt: skip
+    check_against_reference(case)
+
+
+# --- TurboQuant's pair-loop cuts (KVKIT_DECODE_TQ17, decode_turboquant.cu KV_TQ17) ----------
+# The codebook presets: value-code words loaded by the staged rows' alignment known at compile
+# time (kv_mma_vload_at4; the tile pairs with pair addresses), each lane's key-run alignment
+# held over the pair loop (kv_mma_kload_al), and the softmax without its empty-row guard
+# (KV_MMA_EXP_CLAMP; every loop and arch). The same loaded bits and float operations: the
+# same bits as 0 (no NaN logits here). Pair addresses pinned on (3bit_nc's head_dim-256
+# default is on only through KVKIT_DECODE_TQ3_256=2, the default; pinned anyway). The
+# single-tile loop (odd last tiles, KVKIT_ARCH=sm_80) changes in its softmax only.
+TQ17_CASES = [(1, 1, 16, None), (4, 1, 16, None), (4, 1, 128, 70), (1, 4, 16, 70),
+              (2, 2, 64, None), (8, 1, 16, None)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, block_size, window", TQ17_CASES)
+def test_tq17_matches_the_build_before(cp, name, group, q_len, block_size, window, monkeypatch):
+    """KVKIT_DECODE_TQ17=1 against 0 at head_dim 128, bit for bit: ragged ends (a pair's
+    missing second tile, an odd last tile), pages of 128 tokens, windows and causal q_len 4
+    (masked pairs; splits with no visible token), 8 rows (no pairs at 128: the softmax only),
+    1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 17)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len, window",
+                         [(64, 4, 1, None), (64, 8, 1, 5), (64, 2, 2, None), (256, 4, 1, None),
+                          (256, 2, 2, 70)])  # fmt: skip
+def test_tq17_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 (70-, 54- and 62-byte rows; k3v4_nc's token order there keeps
+    the value loads as before) and 256 (four-word value runs; k3v4_nc's key chunks)."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=head_dim + group + q_len + 23)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
+
+
+@pytest.mark.parametrize("name, order", [("turboquant_4bit_nc", "2"), ("turboquant_3bit_nc", "1")])
+def test_tq17_with_the_token_orders_at_head_dim_256(cp, name, order, monkeypatch):
+    """KVKIT_DECODE_TQ_TOKEN_ORDER at head_dim 256: 4bit_nc's order (TK = 1 row on 262-byte
+    rows: the key runs keep their per-run alignment) and 3bit_nc's, bit for bit against 0."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TQ_TOKEN_ORDER", order)
+    case = Case(name, head_dim=256, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], window=None, seed=31 + int(order))  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k3v4_nc"])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq17_refills_the_page_windows(cp, name, block_size, monkeypatch):
+    """Splits of 70 and 33 tiles (page-window refills between pairs, an odd last tile), with
+    and without a window starting mid-split, bit for bit against 0."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    for window in (None, 2500):
+        case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
+                    seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                    seed=block_size + 12)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq17_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree) under KVKIT_DECODE_TQ17=1 and 0: the
+    same flag, the same outputs bit for bit."""
+    assert_bad_pages_agree(name, block_size, block_size + 7, monkeypatch, "KVKIT_DECODE_TQ17")
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2),
+                                                    (128, 8, 1)])  # fmt: skip
+def test_tq17_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
+                                                   monkeypatch):  # fmt: skip
+    """Under KVKIT_DECODE_TQ17=1, every split count within DECODE_GPU_RTOL of float64 and
+    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TQ17", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")  # (short splits too, split_builds.py)
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=37 + group + head_dim)  # fmt: skip
     check_against_reference(case)
 
 
