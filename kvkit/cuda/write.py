@@ -356,12 +356,13 @@ def _resident_ctas(kern, threads: int) -> int:
     except ImportError:  # older CuPy
         from cupy.cuda import driver
     dev = cupy.cuda.runtime.getDevice()
-    key = (dev, int(kern.ptr))
+    func = kern.kernel  # the CUfunction (cupy.cuda.function.Function) of the RawKernel
+    key = (dev, int(func.ptr))
     n = _resident.get(key)
     if n is None:
         rt = cupy.cuda.runtime
         sms = int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev))
-        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kern.ptr, threads, 0))
+        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, 0))
         n = _resident[key] = max(1, sms * per_sm)
     return n
 

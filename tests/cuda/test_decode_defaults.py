@@ -117,8 +117,9 @@ def test_environment_switches_win_over_the_launchers_choice(monkeypatch):
 def test_cp_async_pairs_need_as_many_ctas_per_sm(monkeypatch, smem_per_sm, fallback):
     """NVFP4's cp.async default (tile pairs, KVKIT_DECODE_CP_ASYNC_V2=3) only where its CTAs
     (D = 128 4 x 1 on sm_80: 54,896 shared bytes, 127 registers) fit on an SM as many times
-    as the page-window build's (29,792 bytes): kept on the H200's 228 KB, replaced by
-    KVKIT_DECODE_CP_ASYNC_V2=2 on an A100's 164 KB and sm_86 / sm_89's 100 KB."""
+    as the page-window build's (29,792 bytes): kept on the H200's 228 KB (4 and 4), replaced by
+    KVKIT_DECODE_CP_ASYNC_V2=2 on an A100's 164 KB (3 against 4) and sm_86 / sm_89's 100 KB
+    (1 against 3)."""
     import cupy
 
     from kvkit.cuda import decode as cuda_decode

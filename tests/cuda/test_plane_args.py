@@ -131,16 +131,21 @@ class _FakeKernel:
 
 
 @pytest.mark.parametrize(
-    "regs, threads, smem, expected",
+    "regs, threads, smem, sm_kb, expected",
     [
-        (168, 128, 73 * 1024, 3),  # 168 x 32 x 4 = 21,504 registers a CTA: 3 fit 65,536
-        (160, 128, 88 * 1024, 2),  # shared memory: 2 x 89 KB of 228 KB
-        (64, 256, 10 * 1024, 4),  # registers 4 x 16,384; threads 1536 / 256 = 6
-        (40, 256, 1024, 6),  # threads: 1536 / 256
-        (255, 256, 200 * 1024, 1),  # never 0
+        (168, 128, 73 * 1024, 228, 3),  # 168 x 32 x 4 = 21,504 registers a CTA: 3 fit 65,536
+        (160, 128, 88 * 1024, 228, 2),  # shared memory: 2 x 89 KB of 228 KB
+        (160, 128, 88 * 1024, 164, 1),  # an A100's 164 KB: 1 x 89 KB
+        (127, 128, 54896, 164, 3),  # 3 x (53.6 + 1) KB of an A100's 164 KB (registers: 4)
+        (64, 256, 10 * 1024, 228, 4),  # registers 4 x 16,384; threads 1536 / 256 = 6
+        (40, 256, 1024, 228, 6),  # threads: 1536 / 256
+        (255, 256, 200 * 1024, 100, 1),  # never 0
     ],
 )
-def test_resident_ctas_once_per_kernel(regs, threads, smem, expected):
+def test_resident_ctas_once_per_kernel(regs, threads, smem, sm_kb, expected, monkeypatch):
+    # The device's shared memory per SM stood in for (no GPU here).
+    monkeypatch.setattr(cuda_decode, "_smem_per_sm", lambda: sm_kb * 1024)
+    monkeypatch.setattr(cuda_decode, "_resident_cache", {})
     k = _FakeKernel(regs)
     assert cuda_decode._resident_ctas(k, threads, smem) == expected
     assert cuda_decode._resident_ctas(k, threads, smem) == expected
