@@ -193,8 +193,9 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_MMA_TABLE_FIRST 1
 #endif
 #define KV_MMA_VF 1.0f
-// -DKVKIT_DECODE_TQ17 (kvkit/cuda/decode.py; A/B runs; default 0, the build before; benchmarks/
-// NOTES.md "tq17"): the codebook presets' tensor-core stage 1 with three instruction cuts
+// -DKVKIT_DECODE_TQ17 (kvkit/cuda/decode.py; A/B runs; default 1 at head_dim 64 and 256, 0 at
+// 128; benchmarks/NOTES.md "tq17"): the codebook presets' tensor-core stage 1 with three
+// instruction cuts
 // that keep every loaded bit and every float operation:
 // - value-code words by the rows' known alignment (kv_mma_vload_at4 below): the slot rows are
 //   TQ_SLOT_BYTES apart (2 mod 4 at every head_dim) from a 16-byte aligned stage, so the
@@ -204,10 +205,18 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 //   tiles: rows 8 apart, stages whole words apart) worked out once and held (kv_mma_kload_al);
 // - the online softmax without its empty-row guard (KV_MMA_EXP_CLAMP, as NVFP4's).
 // Same bits, but for a row whose visible logits are all NaN (NaN there; 0 weights before).
-#if defined(KVKIT_DECODE_TQ17) && !TQ_KEY_FP8
-#define KV_TQ17 KVKIT_DECODE_TQ17
-#else
+// Session 17 on the H200, graph ms 0 -> 1 (two runs): D = 64 (32, 4096) 4bit_nc 0.0508 /
+// 0.0503 -> 0.0489 / 0.0498, 3bit_nc -3 / -2%, k3v4_nc -2.4 / -1%; D = 256 (32, 4096) -2 to
+// -3%; at D = 128 4bit_nc (64, 8192) 0.2436 / 0.2433 -> 0.2464 / 0.2487 (slower; (1, 131072)
+// -2 / -0.3%, 3bit / k3v4 within the runs' spread), so 128 keeps 0.
+#if TQ_KEY_FP8
 #define KV_TQ17 0
+#elif defined(KVKIT_DECODE_TQ17)
+#define KV_TQ17 KVKIT_DECODE_TQ17
+#elif KV_HEAD_DIM == 128
+#define KV_TQ17 0
+#else
+#define KV_TQ17 1
 #endif
 #if KV_TQ17 < 0 || KV_TQ17 > 1
 #error "KVKIT_DECODE_TQ17: 0 or 1"

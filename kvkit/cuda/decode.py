@@ -113,11 +113,12 @@ query's dims permuted to match) with 4bit_nc's bank-friendly token order, at 64 
 for its 62-byte rows / the chunks alone (64 as before); the same products summed in another
 order: float32 rounding apart, the same attention. A/B runs; unset: 1.
 ``KVKIT_DECODE_TQ17=0`` / ``1`` (TurboQuant's codebook presets, the tensor-core stage 1; A/B
-runs; unset: 0): as before / the value-code words of the staged slot rows loaded by the rows'
-alignment known at compile time (whole words where a row's run is 4-byte aligned), in the tile
-pairs each lane's key-run alignment worked out once and held, and the online softmax without
-its empty-row guard (the running max starts at -FLT_MAX): the same loads' bits and the same
-float operations, so the same bits unless a row's visible logits are all NaN.
+runs; unset: 1 at head_dim 64 and 256, 0 at 128): as before / the value-code words of the staged
+slot rows loaded by the rows' alignment known at compile time (whole words where a row's run is
+4-byte aligned), in the tile pairs each lane's key-run alignment worked out once and held, and
+the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
+loads' bits and the same float operations, so the same bits unless a row's visible logits are
+all NaN.
 ``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` / ``4`` (the tensor-core builds of every
 family on the targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on
 newer GPUs; A/B runs; unset: 3 for NVFP4, but 2 on GPUs where 3's CTAs fit fewer times on an
@@ -445,7 +446,8 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_K3V4", ("0", "1", "2"), ("turboquant",)),
     # TurboQuant's codebook presets in the tensor-core stage 1: value-code words loaded by the
     # rows' known alignment, the key runs' alignment held per lane in the tile pairs and the
-    # unguarded softmax (1), or as before (0, the default) (decode_turboquant.cu KV_TQ17).
+    # unguarded softmax (1; default at head_dim 64 and 256), or as before (0; default at 128)
+    # (decode_turboquant.cu KV_TQ17).
     ("KVKIT_DECODE_TQ17", ("0", "1"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
