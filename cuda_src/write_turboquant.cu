@@ -76,9 +76,7 @@
 // words (kv_tq_sign_words), codes packed from fma bit patterns (kv_tq_magic_junk), one load
 // branch for all row pieces; 4 = 3 with codes packed by windows where a plane's 16-bit units
 // each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
-// and 256, 4-bit at D = 64) and the exact key fallback dividing in place; 5 (see
-// kvkit/cuda/write.py); 6 = 5 plus the fused key-norm squares of float16 inputs
-// (kv_tq_sum_squares_f16); 7 = 6 with a grid-stride loop over row groups (TQ_PERSIST).
+// and 256, 4-bit at D = 64) and the exact key fallback dividing in place.
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -227,14 +225,6 @@ __host__ __device__ constexpr unsigned int kv_tq_magic_junk() {
 
 
 #define TQ_REG (KV_HEAD_DIM % 64 == 0)
-// TQ_PERSIST (variant 7, a launch define of kvkit/cuda/write.py tq_launch_defines): the register
-// body loops over row groups at the grid's stride; the launcher then caps the grid.
-#ifndef TQ_PERSIST
-#define TQ_PERSIST 0
-#endif
-#if TQ_PERSIST && !TQ_REG
-#error "TQ_PERSIST needs the register body (D % 64 == 0)"
-#endif
 
 // The slot's float16 scalars (key norm, value scale and zero): kv_f16_bits_sat's bits
 // (codecs.f16_bits(x, saturate=True): |x| clamped to 65504, then RN; every NaN -> 0x7E00).
@@ -457,33 +447,6 @@ __device__ __forceinline__ void kv_tq_fp8_keys_fast(const unsigned int (&kw)[TQ_
 #endif
 
 // kv_tq_rows's key half (K: codes and norm, or FP8 bytes) and value half; same arguments.
-#if !TQ_KEY_FP8
-// Variant 6 (session 17 helper w17; TQ_W17_FUSED_SQ, float16 inputs only): the key norm's
-// squares fused into its sums. x holds float16 values widened exactly (signs flipped, which
-// the squares do not see), so x * x has at most 22 significant bits and lies in [2^-48, 2^32]
-// or is 0, inf or NaN: RN(x * x) == x * x, a float32 exactly (no subnormal, no overflow). The
-// spec's step RN(acc + RN(x * x)) is then RN(acc + x * x) = fmaf(x, x, acc), one FFMA where
-// an FMUL and an FADD were two, in kv_vlane_sum's order (each spec lane's E values left to
-// right, then kv_vlane_sum_lanes). Signed zeros: acc >= +0 after the first square, and
-// +0 + (+-0)^2 is +0 either way. bfloat16 squares can underflow below float32's normal range
-// and float32 squares round, so those keep the two roundings. CPU check (every float16
-// pattern's square exact, fma == two roundings): tests/cuda/test_tq_w17_model.py.
-#ifndef TQ_W17_FUSED_SQ
-#define TQ_W17_FUSED_SQ (TQ_VARIANT >= 6 && KV_IN_DTYPE == 1)
-#endif
-template <int R, int E>
-__device__ __forceinline__ float kv_tq_sum_squares_f16(const float (&x)[R][E]) {
-    float acc[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-        acc[r] = __fmul_rn(x[r][0], x[r][0]);
-#pragma unroll
-        for (int j = 1; j < E; ++j) acc[r] = __fmaf_rn(x[r][j], x[r][j], acc[r]);
-    }
-    return kv_vlane_sum_lanes<R>(acc);
-}
-#endif
-
 template <bool EVEN>
 __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
@@ -589,11 +552,7 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
     }
 #else
     {
-#if TQ_W17_FUSED_SQ
-        const float n = __fsqrt_rn(kv_tq_sum_squares_f16<R, TQ_E>(x));
-#else
         const float n = __fsqrt_rn(kv_vlane_sum_squares<R, TQ_E>(x));
-#endif
 #if !(TQ_VARIANT >= 3 && TQ_SIGN_WORDS)  // else the signs are in x already (see above)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
@@ -1084,23 +1043,7 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const int lane = threadIdx.x & 31;
     const int g = lane / L;  // this lane's row in the warp
     const int p = lane % L;  // its lane within the row
-#if TQ_PERSIST
-    // Variant 7 (w17): a grid of (SMs x resident CTAs per SM) CTAs, each taking row groups of
-    // TQ_WARPS * R rows at a stride of the grid (kvkit/cuda/write.py caps the grid), so the cell
-    // table's copy and barrier above run once per CTA instead of once per 16 rows (4M
-    // token-heads were 262k CTAs). base is CTA-uniform: every warp runs every iteration, so the
-    // full-warp shuffles below stay converged. The test is a vote all the same (its value is
-    // the plain test's): scripts/ptx_warp_sync.py accepts a branch around full-warp shuffles
-    // only on a vote's predicate, and ptxas then knows the loop is warp-uniform too. The body
-    // in braces is variant 6's, unchanged.
-    const long long rows_total = n_tokens * (long long)n_heads;
-    for (long long base = (long long)blockIdx.x * (TQ_WARPS * R); __all_sync(KV_FULL_WARP, base < rows_total);
-         base += (long long)gridDim.x * (TQ_WARPS * R)) {
-    const long long row = base + (threadIdx.x >> 5) * R + g;
-#else
-    {
     const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
-#endif
     long long blk = 0, off = 0;
     int h = 0;
     const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
@@ -1179,7 +1122,6 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     } else {
         kv_tq_rows<false>(kw, vw, dst, p, active, k_scale TQ_TABLES);
     }
-    }  // the row group (one iteration per grid stride under TQ_PERSIST)
 }
 #else
 {  // TQ_REG == 0: D % 64 != 0 (FP8 keys only): codes staged as bytes in shared memory

@@ -39,10 +39,6 @@ RULES = [
     (r"if \(slot < 0\) return false", r"ISETP\.GE", r"^@!P", False),
     (r"unsigned char\* dst = active", r"ISETP\.NE", r"^@!P", False),
     (r"if \(narrow\)", r"ISETP\.LT\.AND\.EX", r"^@P", True),  # narrow: 32-bit index math
-    # the same test as "@!P BRA P" (variant 7's loop body: not wide and capacity narrow)
-    (r"if \(narrow\)", r"ISETP\.GE\.AND\.EX", r"^@!P\d BRA P", True),
-    # variant 7 (TQ_PERSIST): the grid-stride loop's back edge falls through (one row group)
-    (r"for \(long long base = ", r"ISETP|VOTE", r".", False),
     (r"if \(slot >= capacity\)", r"ISETP\.GE", r"^@!P", True),  # slot < capacity
     (r"if \(active && aligned\)", r"LOP3", r"^@!P\d BRA P", True),  # active and aligned
     (r"nan_bits & 0x80008000", r".", r"^@!P", True),  # variant 0: no NaN half

@@ -233,16 +233,7 @@ def dense_launch_defines(fmt: Format, in_dtype: str) -> dict[str, str]:
 #: words by IMAD with immediates. Static common path (sm_90, fp16, D = 128, scripts/
 #: sass_write_tq.py): 4bit_nc 864 -> 773, 3bit_nc 901 -> 812, k3v4 961 -> 795, k8v4 456 -> 332
 #: (292 with a power-of-two k_scale). benchmarks/NOTES.md "tqw6".
-#: 6 (session 17 helper, branch w17) = 5 plus the key norm's squares of float16 inputs fused
-#: into its sums (one fma per element after each spec lane's first: a float16 value's square is
-#: a float32 exactly, so RN(acc + RN(x x)) = RN(x x + acc); write_turboquant.cu
-#: kv_tq_sum_squares_f16, tests/cuda/test_tq_w17_model.py). Other input dtypes and FP8 keys
-#: build as 5. benchmarks/NOTES.md "w17".
-#: 7 (w17) = 6 with a persistent grid where the register body applies (D % 64 == 0): the
-#: launcher caps the grid at SMs x resident CTAs per SM (the driver's occupancy of the built
-#: kernel) and each CTA loops over row groups (TQ_PERSIST), so the cell table's copy and barrier
-#: run once per CTA, not once per 16 rows. The bytes are variant 6's (the body is unchanged).
-TQ_VARIANTS = (0, 1, 2, 3, 4, 5, 6, 7)
+TQ_VARIANTS = (0, 1, 2, 3, 4, 5)
 #: The default for every preset: 5. Measured on the H200 (session 14; scripts/write_ab.py,
 #: kernel ms at 4M token-heads, fp16 inputs, pages order; the previous default -> 5):
 #: call 3 (--rounds 4) k8v4 1.247 -> 0.907 (k_scale 5/448), 1.211 -> 0.827 with unit scales;
@@ -284,8 +275,6 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",
     }
     v = int(d["TQ_VARIANT"])
-    if v >= 7 and fmt.head_dim % 64 == 0:
-        d["TQ_PERSIST"] = "1"
     if v >= 5:
         d["TQ_V5_NUDGE"] = cuda_float(TQ_V5_NUDGE)
     d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5))
@@ -340,31 +329,6 @@ def _tq_bucket_defines(
         if imad_squares:
             d["TQ_BKT_IMAD_SQ"] = "1"
     return d
-
-
-_resident: dict[tuple[int, int], int] = {}
-
-
-def _resident_ctas(kern, threads: int) -> int:
-    """CTAs of ``kern`` resident on the whole current device at once (SMs x the driver's
-    occupancy; static shared memory only), cached per (device, kernel): the persistent grid of
-    TQ_PERSIST. A grid of exactly one full wave leaves no partial last wave."""
-    import cupy
-
-    try:
-        from cupy_backends.cuda.api import driver
-    except ImportError:  # older CuPy
-        from cupy.cuda import driver
-    dev = cupy.cuda.runtime.getDevice()
-    func = kern.kernel  # the CUfunction (cupy.cuda.function.Function) of the RawKernel
-    key = (dev, int(func.ptr))
-    n = _resident.get(key)
-    if n is None:
-        rt = cupy.cuda.runtime
-        sms = int(rt.deviceGetAttribute(rt.cudaDevAttrMultiProcessorCount, dev))
-        per_sm = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(func.ptr, threads, 0))
-        n = _resident[key] = max(1, sms * per_sm)
-    return n
 
 
 def _family(fmt: Format) -> str:
@@ -507,10 +471,6 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
         args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
-        grid = _grid(n * h, TQ_WARPS * rows_per_warp)
-        if defines.get("TQ_PERSIST") == "1":
-            # KVKIT_WRITE_TQ_PERSIST_CTAS: a smaller grid, so tests make every CTA loop
-            cap = _env_int("KVKIT_WRITE_TQ_PERSIST_CTAS", range(1, 1 << 20))
-            cap = _resident_ctas(kern, TQ_WARPS * 32) if cap is None else cap
-            grid = (min(grid[0], cap),)
-        launch_and_record(record, kern, grid, (TQ_WARPS * 32,), tuple(args))
+        launch_and_record(
+            record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), (TQ_WARPS * 32,), tuple(args)
+        )

@@ -375,55 +375,11 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
     assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
 
 
-# Variant 6 (w17: the fused float16 key-norm squares) changes float16 MSE-key builds only: those
-# build without spills on every target named in the brief, and every other build's PTX is
-# variant 5's (the variant number appears in no other #if).
-# Variant 7 (w17: 6 plus the grid-stride loop, TQ_PERSIST) changes every register-body build:
-# all presets, D and input dtypes (k8v4 at 48 keeps the shared-memory body, without the loop).
-@pytest.mark.parametrize("variant", ["6", "7"])
-@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
-def test_turboquant_write_tq_variant_6_7_w17_does_not_spill(arch, variant, monkeypatch):
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", variant)
-    if variant == "6":
-        cases = [(n, d, "1") for n in TQ if n != "turboquant_k8v4" for d in (64, 128, 256)]
-    else:
-        cases = [(n, d, dt) for n in TQ
-                 for d in ((48, 64, 128, 256, 512) if n == "turboquant_k8v4" else (64, 128, 256))
-                 for dt in ("0", "1", "2")]  # fmt: skip
-    jobs = [("write_turboquant.cu", _defines(name, d, dt), arch) for name, d, dt in cases]
-    assert all(j[1]["TQ_VARIANT"] == variant for j in jobs)
-    if variant == "7":  # the loop wherever the register body builds (D % 64 == 0)
-        assert all((j[1].get("TQ_PERSIST") == "1") == (d % 64 == 0) for j, (_, d, _) in
-                   zip(jobs, cases))  # fmt: skip
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
-
-
-def _ptx_without_lines(ptx: str) -> str:
-    return "\n".join(ln for ln in ptx.splitlines() if not ln.lstrip().startswith((".loc", ".file")))
-
-
-def test_turboquant_write_tq_variant_6_w17_leaves_other_builds_alone(monkeypatch):
-    """Variant 6 differs from 5 only for float16 inputs with MSE keys: k8v4 at float16 and the
-    MSE presets at float32 / bfloat16 give variant 5's PTX (sm_90); a float16 MSE build does
-    not (the switch reaches the kernel)."""
-    cases = [("turboquant_k8v4", 128, "1"), ("turboquant_4bit_nc", 128, "0"),
-             ("turboquant_3bit_nc", 64, "2"), ("turboquant_k3v4_nc", 256, "2"),
-             ("turboquant_4bit_nc", 128, "1")]  # fmt: skip
-    ptx = {}
-    for v in ("5", "6"):
-        monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", v)
-        jobs = [("write_turboquant.cu", _defines(n, d, dt), "sm_90") for n, d, dt in cases]
-        ptx[v] = [_ptx_without_lines(r.ptx) for r in compile_entries(jobs, ptx_only=True)]
-    assert ptx["5"][:-1] == ptx["6"][:-1]
-    assert ptx["5"][-1] != ptx["6"][-1]
-
-
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
 @pytest.mark.parametrize(
     "arch, variant",
-    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5"),
-     ("sm_90", "6"), ("sm_80", "7"), ("sm_90", "7")],
-)  # fmt: skip
+    [("sm_80", "4"), ("sm_90", "4"), ("sm_90", "3"), ("sm_80", "5"), ("sm_90", "5")],
+)
 def test_turboquant_write_shuffles_are_warp_uniform(arch, variant, monkeypatch):
     """KVKIT_WRITE_TQ_VARIANT=3, 4 and 5 (the default): no shuffle / vote runs under a branch that
     only some lanes take (scripts/ptx_warp_sync.py reads the PTX control flow). Variant 4 as

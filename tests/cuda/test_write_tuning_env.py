@@ -60,7 +60,7 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "8")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "6")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -109,7 +109,7 @@ def test_variant_default_and_override(monkeypatch):
     assert "0x7FC00000u" not in d["TQ_BKT_TABLE"] and "TQ_BKT_UA" in d
     # Variant 4 (window packing of 3-bit codes): variant 3's table and near decisions.
     monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")
-    assert TQ_VARIANTS == (0, 1, 2, 3, 4, 5, 6, 7)
+    assert TQ_VARIANTS == (0, 1, 2, 3, 4, 5)
     d4 = tq_launch_defines(formats.get("turboquant_3bit_nc", 128), "1")
     assert d4["TQ_VARIANT"] == "4" and "0x7F800000u" in d4["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 4
@@ -121,23 +121,6 @@ def test_variant_default_and_override(monkeypatch):
     assert np.float32(d5["TQ_V5_NUDGE"].rstrip("f")) == np.float32(2.0**-17)
     assert "0x7F800000u" in d5["TQ_BKT_TABLE"]
     assert tq_variant(formats.get("turboquant_k8v4", 128)) == 5
-    # Variant 6 (w17): variant 5's defines (its one change is in the kernel, TQ_W17_FUSED_SQ).
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "6")
-    d6 = tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
-    assert d6["TQ_VARIANT"] == "6"
-    assert {k: v for k, v in d6.items() if k != "TQ_VARIANT"} == {
-        k: v for k, v in d5.items() if k != "TQ_VARIANT"
-    }
-    # Variant 7 (w17): 6 plus TQ_PERSIST where the register body builds (D % 64 == 0).
-    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "7")
-    d7 = tq_launch_defines(formats.get("turboquant_4bit_nc", 128), "1")
-    assert d7.pop("TQ_PERSIST") == "1" and d7.pop("TQ_VARIANT") == "7"
-    assert d7 == {k: v for k, v in d6.items() if k != "TQ_VARIANT"}
-    assert "TQ_PERSIST" not in tq_launch_defines(formats.get("turboquant_k8v4", 48), "1")
-    assert "TQ_PERSIST" in tq_launch_defines(formats.get("turboquant_k8v4", 128), "1")
-    from kvkit.cuda import plain_steps
-
-    assert "KVKIT_WRITE_TQ_PERSIST_CTAS" in plain_steps.KERNEL_ENV
 
 
 def test_dense_variant_default_and_override(monkeypatch):
