@@ -442,7 +442,9 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // pair build's stages take more shared memory (D = 128 4 x 1: 54,896 bytes a CTA, 29,792 at
 // 2), so the launcher keeps 2 on GPUs where that holds fewer CTAs per SM (kvkit/cuda/decode.py
 // _stage1_default: an A100's 164 KB, sm_86 / sm_89's 100 KB).
-#define KV_CP_PAIRS_OK 1
+// At head_dim 128 the pairs' stages fit four CTAs an SM only with the packed columns
+// (KV_NV_PACK 1: the A/B builds 0 / 2 build 3 as 2).
+#define KV_CP_PAIRS_OK (KV_HEAD_DIM <= 64 || KV_NV_PACK == 1)
 #define KV_CP_ASYNC_V2_DEFAULT 3
 
 #include "common/decode_core.cuh"

@@ -195,9 +195,16 @@
 #endif
 // 2 reads pages through the V_REGS core's page masks only (decode_mma.cuh); other cores (NVFP4
 // at head_dim 96, fp16 / bf16) keep the CTA barrier build (0), which measured faster than 1.
+// (KVD_V_REGS: fixed here, as a family defines KV_MMA_V_REGS before this file or never; the
+// macro also reaches C++ expressions, KVD_LOOP_FLAGS, where an undefined name does not compile.)
+#if defined(KV_MMA_V_REGS) && KV_MMA_V_REGS
+#define KVD_V_REGS 1
+#else
+#define KVD_V_REGS 0
+#endif
 #define KVD_CP_WARP_PIPE                                                                       \
     (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA &&                                  \
-     (KVD_CP_WARP_PIPE_ON == 1 || KV_MMA_V_REGS))
+     (KVD_CP_WARP_PIPE_ON == 1 || KVD_V_REGS))
 // KVKIT_DECODE_CP_ASYNC_V2=2: that, and no page ring in `slabs` launches (local, pages of a
 // power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'
 // page windows (window_entry / warp_page / pg_bits below) on the cp.async path, one checked
