@@ -355,22 +355,13 @@ __device__ __forceinline__ int kv_mma_kdim(int c, int e) {
 #else
 #define KV_TQ_KSPLIT 0
 #endif
-// The run's bytes from the staged slot (rows are 2-byte aligned in the slab mode, the run
-// may start at any byte): aligned words from the 4-byte boundary below, funnel-shifted down.
-// The one word read past the run stays in the slot (the norm and the values follow the
-// codes); the bytes read before a row start belong to the previous staged row (the first
-// row of a stage is 16-byte aligned).
-__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
-                                             unsigned* raw) {
 #if KV_TQ_KSPLIT
-    // Chunks c and c + 4 (4 KV_TQ_KCHUNK bytes on, a whole number of words: one alignment and
-    // one base for both, the second chunk's loads at an immediate offset), each as 3 + 1
-    // aligned words funnel-shifted down as kv_tq_load_words does (the word past chunk c is
-    // chunk c + 1's; past chunk c + 4 the norm or chunk c + 5's: inside the slot).
+// A lane's two key chunks from q (4-byte aligned) and q + KV_TQ_KCHUNK bytes on (a whole number
+// of words: the second chunk's loads at an immediate offset), each as N + 1 aligned words
+// funnel-shifted down by sh bits as kv_tq_load_words does (the word past chunk c is chunk
+// c + 1's; past chunk c + 4 the norm or chunk c + 5's: inside the slot).
+__device__ __forceinline__ void kv_tq_kchunks(const unsigned* q, unsigned sh, unsigned* raw) {
     constexpr int N = KV_TQ_RUN_WORDS / 2, CW = KV_TQ_KCHUNK;  // words per chunk; CW words on
-    const unsigned char* p = rows[0] + KV_TQ_KCHUNK * c;
-    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
-    const unsigned* q = reinterpret_cast<const unsigned*>(p - a);
     unsigned w[2][N + 1];
 #pragma unroll
     for (int i = 0; i <= N; ++i) {
@@ -379,9 +370,23 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     }
 #pragma unroll
     for (int i = 0; i < N; ++i) {
-        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], 8 * a);
-        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], 8 * a);
+        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], sh);
+        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], sh);
     }
+}
+#endif
+// The run's bytes from the staged slot (rows are 2-byte aligned in the slab mode, the run
+// may start at any byte): aligned words from the 4-byte boundary below, funnel-shifted down.
+// The one word read past the run stays in the slot (the norm and the values follow the
+// codes); the bytes read before a row start belong to the previous staged row (the first
+// row of a stage is 16-byte aligned).
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+#if KV_TQ_KSPLIT
+    // Chunks c and c + 4: one alignment and one base for both (kv_tq_kchunks).
+    const unsigned char* p = rows[0] + KV_TQ_KCHUNK * c;
+    const unsigned a = (unsigned)reinterpret_cast<unsigned long long>(p) & 3u;
+    kv_tq_kchunks(reinterpret_cast<const unsigned*>(p - a), 8 * a, raw);
 #else
     kv_tq_load_words<KV_TQ_RUN_WORDS>(rows[0] + KV_TQ_RUN_BYTES * c, raw);
 #endif
@@ -395,18 +400,7 @@ __device__ __forceinline__ void kv_mma_kload_al(const unsigned char* p, unsigned
                                                 unsigned* raw) {
     const unsigned* q = reinterpret_cast<const unsigned*>(p);
 #if KV_TQ_KSPLIT
-    constexpr int N = KV_TQ_RUN_WORDS / 2, CW = KV_TQ_KCHUNK;  // as kv_mma_kload's chunks
-    unsigned w[2][N + 1];
-#pragma unroll
-    for (int i = 0; i <= N; ++i) {
-        w[0][i] = q[i];
-        w[1][i] = q[CW + i];
-    }
-#pragma unroll
-    for (int i = 0; i < N; ++i) {
-        raw[i] = __funnelshift_r(w[0][i], w[0][i + 1], sh);
-        raw[N + i] = __funnelshift_r(w[1][i], w[1][i + 1], sh);
-    }
+    kv_tq_kchunks(q, sh, raw);
 #else
     constexpr int N = KV_TQ_RUN_WORDS;
     unsigned w[N + 1];
