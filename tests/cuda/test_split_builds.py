@@ -118,7 +118,10 @@ P, B, S, K = sb.LOOP_TILE_PAIRS, sb.LOOP_BULK_COPY, sb.LOOP_WARP_SLABS, sb.LOOP_
         ("nvfp4", 128, "sm_90", {"KVKIT_DECODE_NV_PACK": "0"}, P | B | S),
         ("nvfp4", 64, "sm_100a", {}, P | B | S),  # no packing below head_dim 128
         ("nvfp4", 128, "sm_120a", {}, B | S | K),  # no pairs on sm_120
-        ("nvfp4", 128, "sm_80", {}, K),  # no copy engine: no slabs, no pairs
+        # No copy engine: no slabs; the cp.async path's pairs (KVKIT_DECODE_CP_ASYNC_V2=3,
+        # NVFP4's default there), none under 2.
+        ("nvfp4", 128, "sm_80", {}, P | K),
+        ("nvfp4", 128, "sm_80", {"KVKIT_DECODE_CP_ASYNC_V2": "2"}, K),
         ("turboquant_k8v4", 128, "sm_90", {}, B | K),  # page runs
         ("turboquant_k8v4", 128, "sm_90", {"KVKIT_DECODE_TQ_SLABS": "1"}, B | S | K),
         ("turboquant_k8v4", 64, "sm_90", {}, P | B | S),  # TurboQuant packs from 128
