@@ -1485,27 +1485,37 @@ def test_tq_issue_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, wind
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_ISSUE", "1", "0")
 
 
-@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
+# TurboQuant's pair-loop switches of the same bits (KVKIT_DECODE_TQ_ISSUE, KVKIT_DECODE_TQ17,
+# further below): the presets each covers and a seed offset per switch.
+TQ_PAIR_SWITCH_CASES = [("KVKIT_DECODE_TQ_ISSUE", "turboquant_4bit_nc", 8),
+                        ("KVKIT_DECODE_TQ_ISSUE", "turboquant_3bit_nc", 8),
+                        ("KVKIT_DECODE_TQ17", "turboquant_4bit_nc", 12),
+                        ("KVKIT_DECODE_TQ17", "turboquant_k3v4_nc", 12)]  # fmt: skip
+
+
+@pytest.mark.parametrize("switch, name, seed", TQ_PAIR_SWITCH_CASES)
 @pytest.mark.parametrize("block_size", [16, 128])
-def test_tq_issue_refills_the_page_windows(cp, name, block_size, monkeypatch):
+def test_tq_pair_switches_refill_the_page_windows(cp, switch, name, seed, block_size,
+                                                  monkeypatch):  # fmt: skip
     """Splits of 70 and 33 tiles (page-window refills between pairs, an odd last tile), with
-    and without a window starting mid-split, bit for bit against 0."""
+    and without a window starting mid-split, ``switch``=1 bit for bit against 0."""
     monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
     for window in (None, 2500):
         case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
                     seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
-                    seed=block_size + 8)  # fmt: skip
-        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_ISSUE", "1", "0")
+                    seed=block_size + seed)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, switch, "1", "0")
 
 
+@pytest.mark.parametrize("switch, seed", [("KVKIT_DECODE_TQ_ISSUE", 5), ("KVKIT_DECODE_TQ17", 7)])
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
 @pytest.mark.parametrize("block_size", [16, 128])
-def test_tq_issue_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
+def test_tq_pair_switches_flag_bad_pages_as_before(cp, switch, seed, name, block_size,
+                                                   monkeypatch):  # fmt: skip
     """TurboQuant with bad block-table entries (assert_bad_pages_agree: a pair with one bad
-    page takes the general issue path and its tile's masks) under KVKIT_DECODE_TQ_ISSUE=1 and
-    0: the same flag, the same outputs bit for bit."""
-    assert_bad_pages_agree(name, block_size, block_size + 5, monkeypatch,
-                           "KVKIT_DECODE_TQ_ISSUE")  # fmt: skip
+    page takes the general issue path and its tile's masks) under ``switch``=1 and 0: the same
+    flag, the same outputs bit for bit."""
+    assert_bad_pages_agree(name, block_size, block_size + seed, monkeypatch, switch)
 
 
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
@@ -2030,25 +2040,7 @@ def test_tq17_with_the_token_orders_at_head_dim_256(cp, name, order, monkeypatch
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
 
 
-@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k3v4_nc"])
-@pytest.mark.parametrize("block_size", [16, 128])
-def test_tq17_refills_the_page_windows(cp, name, block_size, monkeypatch):
-    """Splits of 70 and 33 tiles (page-window refills between pairs, an odd last tile), with
-    and without a window starting mid-split, bit for bit against 0."""
-    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    for window in (None, 2500):
-        case = Case(name, head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
-                    seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
-                    seed=block_size + 12)  # fmt: skip
-        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
-
-
-@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("block_size", [16, 128])
-def test_tq17_flags_bad_pages_as_before(cp, name, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree) under KVKIT_DECODE_TQ17=1 and 0: the
-    same flag, the same outputs bit for bit."""
-    assert_bad_pages_agree(name, block_size, block_size + 7, monkeypatch, "KVKIT_DECODE_TQ17")
+# (Its page-window refills and bad pages: test_tq_pair_switches_*, with KVKIT_DECODE_TQ_ISSUE.)
 
 
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
