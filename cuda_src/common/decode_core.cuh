@@ -164,7 +164,7 @@
 #define KVD_WARP_PIPE_ON 1
 #endif
 #define KVD_WARP_PIPE (KVD_BULK_WARP_SLABS && KVD_WARP_PIPE_ON)
-// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 / 1 / 2, env
+// Warp-local tile loop of the cp.async path (KVKIT_DECODE_CP_ASYNC_V2=0 .. 4, env
 // KVKIT_DECODE_CP_ASYNC_V2, kvkit/cuda/decode.py; A/B builds; default below): the targets
 // without bulk copies (KVKIT_BULK_COPY 0: sm_80 / sm_86 / sm_89, and the compute_80 PTX the driver
 // JITs for newer GPUs under KVKIT_ARCH=sm_80) keep the single-tile loop with a CTA barrier
@@ -257,9 +257,9 @@
 #ifndef KV_TILE_PAIRS_MAX_D
 #define KV_TILE_PAIRS_MAX_D 128
 #endif
-// The cp.async path's pair loop (KVKIT_DECODE_CP_ASYNC_V2=3, off unless asked for; the A/B
-// build for KVKIT_ARCH=sm_80 PTX on the H200, where the sm_90 pair loop took NVFP4 D = 64
-// from 0.0523 to 0.0442 ms): the page windows of =2 (a warp's 16 tokens per tile in one page
+// The cp.async path's pair loop (KVKIT_DECODE_CP_ASYNC_V2=3, NVFP4's default there,
+// decode_nvfp4.cu; the sm_90 pair loop had taken NVFP4 D = 64 from 0.0523 to 0.0442 ms): the
+// page windows of =2 (a warp's 16 tokens per tile in one page
 // entry, pg_bits per issue) are all the pair loop reads of the warp pipes besides their
 // barriers, which cp.async's per-thread group waits replace (decode_mma_pairs.cuh). It
 // follows KVKIT_DECODE_TILE_PAIRS too, so the launcher's short-split rule
@@ -1841,8 +1841,6 @@ struct KvTilePipe {
     }
 };
 
-// The pipeline of CTA (split, kvh, b) = blockIdx; sets flag bit 4 for a bad seq_len (split 0,
-// thread 0) and returns seq_len (the masks need it).
 // The split's (blockIdx.x of gridDim.x) tokens [t_lo, t_hi) of a sequence of seq_len tokens
 // (kv_seq_len_ok): page-aligned, from the window's first page when there is a window; both 0
 // for an empty split.
@@ -1866,6 +1864,8 @@ __device__ __forceinline__ void kv_split_tokens(int seq_len, int block_size, int
     *t_hi = hi;
 }
 
+// The pipeline of CTA (split, kvh, b) = blockIdx; sets flag bit 4 for a bad seq_len (split 0,
+// thread 0) and returns seq_len (the masks need it).
 __device__ __forceinline__ KvTilePipe kv_make_pipe(
     int p0_vec, int p1_vec, int p2_vec, int p3_vec, const int* block_tables, int max_blocks,
     const int* seq_lens, int num_blocks, int block_size, int window, int* error_flag,
