@@ -599,6 +599,8 @@ def _resident_ctas(func, threads: int, smem: int) -> int:
 #: The cp.async path's build to take where NVFP4's default (its tile pairs,
 #: KVKIT_DECODE_CP_ASYNC_V2=3) holds fewer CTAs per SM (``_stage1_default``).
 _CP_PAIRS_FALLBACK = (("KVKIT_DECODE_CP_ASYNC_V2", "2"),)
+#: id(default kernel) -> (kernel, ``_stage1_default``'s answer) on the cp.async pair path.
+_cp_pairs_pick: dict[int, tuple] = {}
 
 
 def _stage1_default(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
@@ -609,11 +611,19 @@ def _stage1_default(fmt, entry: str, kname: str, in_define: str, group: int, q_l
     decode_nvfp4.cu KV_CP_ASYNC_V2_DEFAULT). ``auto`` goes on to any later rebuild."""
     build = _stage1_for(fmt, entry, kname, in_define, group, q_len)
     func, smem, threads, _, loop = build
-    if loop & LOOP_TILE_PAIRS and not loop & LOOP_BULK_COPY:
-        alt = _stage1_for(fmt, entry, kname, in_define, group, q_len, _CP_PAIRS_FALLBACK)
-        if _resident_ctas(func, threads, smem) < _resident_ctas(alt[0], alt[2], alt[1]):
-            return alt, _CP_PAIRS_FALLBACK
-    return build, ()
+    if not loop & LOOP_TILE_PAIRS or loop & LOOP_BULK_COPY:
+        return build, ()
+    # Decided once per default kernel (another environment builds another kernel).
+    hit = _cp_pairs_pick.get(id(func))
+    if hit is not None and hit[0] is func:
+        return hit[1]
+    alt = _stage1_for(fmt, entry, kname, in_define, group, q_len, _CP_PAIRS_FALLBACK)
+    if _resident_ctas(func, threads, smem) < _resident_ctas(alt[0], alt[2], alt[1]):
+        pick = (alt, _CP_PAIRS_FALLBACK)
+    else:
+        pick = (build, ())
+    _cp_pairs_pick[id(func)] = (func, pick)  # holds func, so its id is not reused
+    return pick
 
 
 def decode(

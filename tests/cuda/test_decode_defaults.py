@@ -128,11 +128,16 @@ def test_cp_async_pairs_need_as_many_ctas_per_sm(monkeypatch, smem_per_sm, fallb
     class FakeKernel:
         attributes = {"num_regs": 127}
 
-    pairs, windows = FakeKernel(), FakeKernel()
+    # The default build, 2's and 3's asked for by name: three modules, three kernels.
+    pairs, windows, pairs_env = FakeKernel(), FakeKernel(), FakeKernel()
+    built = []
 
     def fake_kernel(entry, kname, defines):
+        built.append(defines.get("KVKIT_DECODE_CP_ASYNC_V2"))
         if defines.get("KVKIT_DECODE_CP_ASYNC_V2") == "2":
             return windows, 29792, 128, 64, 0
+        if defines.get("KVKIT_DECODE_CP_ASYNC_V2") == "3":
+            return pairs_env, 54896, 128, 64, LOOP_TILE_PAIRS
         return pairs, 54896, 128, 64, LOOP_TILE_PAIRS
 
     monkeypatch.delenv("KVKIT_DECODE_CP_ASYNC_V2", raising=False)
@@ -140,12 +145,15 @@ def test_cp_async_pairs_need_as_many_ctas_per_sm(monkeypatch, smem_per_sm, fallb
     monkeypatch.setattr(cuda_decode, "_stage1_kernel", fake_kernel)
     monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
     monkeypatch.setattr(cuda_decode, "_resident_cache", {})
+    monkeypatch.setattr(cuda_decode, "_cp_pairs_pick", {})
     monkeypatch.setattr(cuda_decode, "_smem_per_sm", lambda: smem_per_sm)
-    build, picked = cuda_decode._stage1_default(formats.get("nvfp4", 128), "x.cu", "k", "1", 4, 1)
-    assert (build[0] is windows) is fallback
-    assert picked == (cuda_decode._CP_PAIRS_FALLBACK if fallback else ())
+    fmt = formats.get("nvfp4", 128)
+    for _ in range(2):  # the second call from the caches, as in a decode loop
+        build, picked = cuda_decode._stage1_default(fmt, "x.cu", "k", "1", 4, 1)
+        assert (build[0] is windows) is fallback
+        assert picked == (cuda_decode._CP_PAIRS_FALLBACK if fallback else ())
+    assert built == [None, "2"]  # each build made once
     # A value set in the environment wins: no fallback build.
     monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", "3")
-    monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
-    build, picked = cuda_decode._stage1_default(formats.get("nvfp4", 128), "x.cu", "k", "1", 4, 1)
-    assert build[0] is pairs and picked == ()
+    build, picked = cuda_decode._stage1_default(fmt, "x.cu", "k", "1", 4, 1)
+    assert build[0] is pairs_env and picked == ()
