@@ -77,11 +77,12 @@ __device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d, co
 #define KV_HAS_KMUL 1
 #define KV_ROTATE_Q 1
 #define KV_FAMILY_TABLE_FLOATS (1 << TQ_KEY_BITS)
+#include "common/tq_signs.cuh"
 
 __constant__ float kv_tq_centroids[1 << TQ_KEY_BITS] = TQ_CENTROIDS;
-__constant__ float kv_tq_signs[KV_HEAD_DIM] = TQ_SIGNS;
-
-__device__ __forceinline__ float kv_family_q_sign(int d) { return kv_tq_signs[d]; }
+// The query's rotation signs (s * q before the FWHT): x with its sign bit flipped where
+// s_d = -1, from the mask word of d (one address for a warp's 32 consecutive d).
+__device__ __forceinline__ float kv_family_q_signed(float x, int d) { return kv_tq_signed(x, d); }
 
 // The codebook goes to shared memory: per-lane indices into __constant__ would serialize.
 __device__ __forceinline__ void kv_family_init_table(float* table, int tid) {

@@ -35,18 +35,7 @@
 #define TQ_NUM_CENTROIDS (1 << TQ_KEY_BITS)
 __constant__ float kTqCentroids[TQ_NUM_CENTROIDS] = TQ_CENTROIDS;
 
-struct KvTqSignMask {
-    unsigned int w[KV_HEAD_DIM / 32];
-};
-__host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
-    KvTqSignMask m{};
-    constexpr int s[KV_HEAD_DIM] = TQ_SIGNS;
-    for (int i = 0; i < KV_HEAD_DIM; ++i) {
-        if (s[i] < 0) m.w[i >> 5] |= 1u << (i & 31);
-    }
-    return m;
-}
-__constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
+#include "common/tq_signs.cuh"
 #endif
 
 __device__ __forceinline__ float kv_quiet(float a) { return __uint_as_float(__float_as_uint(a) | 0x400000u); }

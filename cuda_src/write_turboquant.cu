@@ -114,19 +114,7 @@
 __constant__ float kTqCentroids[TQ_NUM_CENTROIDS] = TQ_CENTROIDS;
 __constant__ float kTqMidpoints[TQ_NUM_CENTROIDS - 1] = TQ_MIDPOINTS;
 
-// The rotation signs as a bit mask (bit i set where s_i = -1), built at compile time.
-struct KvTqSignMask {
-    unsigned int w[KV_HEAD_DIM / 32];
-};
-__host__ __device__ constexpr KvTqSignMask kv_tq_sign_mask() {
-    KvTqSignMask m{};
-    constexpr int s[KV_HEAD_DIM] = TQ_SIGNS;
-    for (int i = 0; i < KV_HEAD_DIM; ++i) {
-        if (s[i] < 0) m.w[i >> 5] |= 1u << (i & 31);
-    }
-    return m;
-}
-__constant__ KvTqSignMask kTqSignMask = kv_tq_sign_mask();
+#include "common/tq_signs.cuh"
 
 #if TQ_BKT
 // Key bucketing by a cell table (kvkit/formats/arch_models.py: BucketTable, tq_bucket_table,

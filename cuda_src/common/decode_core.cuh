@@ -37,8 +37,9 @@
 //   KV_NPLANES (1..4); KV_Pi_BYTES (row width in bytes of plane i) and KV_Pi_ELEM (bytes per
 //   element: plane strides arrive in elements) for i < KV_NPLANES;
 //   KV_HAS_KMUL (1: kv_family_kmul(rows) gives a per-token factor of the key, e.g. the
-//   TurboQuant norm); KV_ROTATE_Q (1: kv_family_q_sign(d) and an FWHT of the query rows,
-//   the TurboQuant rotation without its 1 / sqrt(D), which the host folds into scale);
+//   TurboQuant norm); KV_ROTATE_Q (1: kv_family_q_signed(x, d), s_d x, and an FWHT of the
+//   query rows, the TurboQuant rotation without its 1 / sqrt(D), which the host folds into
+//   scale);
 //   KV_FAMILY_TABLE_FLOATS and kv_family_init_table(float*, tid) (a shared table, e.g. the
 //   codebook); kv_family_k4(rows, d, table) / kv_family_v4(rows, d, table): elements
 //   d..d+3 (d % 4 == 0) of a token's K / V from its staged rows (rows[i] = staging row of
@@ -2074,7 +2075,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             const int idx = tid + k * THREADS;
             if (idx < R * D) {
 #if KV_ROTATE_Q
-                q_s[idx] = qx.value(k, q, b, kvh, num_heads) * kv_family_q_sign(idx % D);
+                q_s[idx] = kv_family_q_signed(qx.value(k, q, b, kvh, num_heads), idx % D);
 #else
                 q_s[idx] = qx.value(k, q, b, kvh, num_heads);
 #endif

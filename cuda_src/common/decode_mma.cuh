@@ -775,7 +775,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_ROTATE_Q
             // (Padding rows stay +0, not 0 times a sign.)
             qf_s[idx] = idx < R * D
-                            ? qx.value(k, q, b, kvh, num_heads) * kv_family_q_sign(idx % D)
+                            ? kv_family_q_signed(qx.value(k, q, b, kvh, num_heads), idx % D)
                             : 0.f;
 #else
             qf_s[idx] = qx.value(k, q, b, kvh, num_heads);
