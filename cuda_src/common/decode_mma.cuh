@@ -798,8 +798,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_ROTATE_Q
         kv_fwht_rows_warp(qf_s, warp, lane);
 #endif
-        // Row exponents: warp w scales rows w, w + 4, ...; max |q| to [2^14, 2^15).
-        for (int r = warp; r < 16; r += NWM) {
+        // Row exponents: warp w scales rows w, w + 4, ...; max |q| to [2^14, 2^15). Only the
+        // rows the mma loads: 8 NR (the ldmatrix rows of the row tiles), with packed columns
+        // rows 0..3 (their second parts fill 4..7). At G = 4 that is one row a warp instead of
+        // four: each a warp max (five dependent shuffles) in every CTA's prologue, which a B = 1
+        // step pays once per split.
+        constexpr int Q_ROWS = KV_MMA_PACK ? 4 : 8 * NR;
+        static_assert(R <= Q_ROWS && Q_ROWS <= 16, "the query rows the mma loads");
+        for (int r = warp; r < Q_ROWS; r += NWM) {
             float mx = 0.f;
             for (int d = lane; d < D; d += KV_WARP) mx = fmaxf(mx, fabsf(qf_s[r * D + d]));
             mx = kv_warp_max(mx);
