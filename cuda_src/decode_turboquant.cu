@@ -225,6 +225,36 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #if KV_TQ17
 #define KV_MMA_EXP_CLAMP 1
 #endif
+// -DKVKIT_DECODE_TQ_PV16 (kvkit/cuda/decode.py; A/B runs; default 0; benchmarks/NOTES.md
+// "tq18"): 1 runs the codebook presets' tensor-core PV on fp16 operands (decode_mma.cuh
+// KV_MMA_VCODES_F16): the value codes as fp16 (kv_codes_f16x2_masked: a 4-bit pair's high
+// code converts where it sits, no shift; 3-bit windows convert codes up to bit 7 straight),
+// and W = p * scale_t, after a power of two 2^k_r per query row and fresh accumulator (the
+// row's largest |W| there to [2^14, 2^15), kv_w16_pow2), as fp16 hi + lo: 22 significant bits
+// of each term relative to the row's largest in that accumulator (the bf16 build's three
+// parts: 24), one PV mma per m-tile and tile fewer (packed columns: one instead of two), and
+// 2^-k_r undone exactly in the accumulator add (an FFMA where the FADD was). Any fp16 scales
+// (6e-8 .. 65504 in one tile): each row's terms stay relative to that row's largest; a term
+// below 2^-22 of it goes to fp16 subnormals (below float32 rounding of the largest). NaN / inf
+// weights: NaN rows as before (a NaN W is skipped by the max and poisons only its row).
+// Another float32 order (not bit for bit with 0). k8v4 (FP8 keys) unchanged.
+#if TQ_KEY_FP8 || !defined(KVKIT_DECODE_TQ_PV16)
+#define KV_TQ_PV16 0
+#else
+#define KV_TQ_PV16 KVKIT_DECODE_TQ_PV16
+#endif
+#if KV_TQ_PV16 < 0 || KV_TQ_PV16 > 1
+#error "KVKIT_DECODE_TQ_PV16: 0 or 1"
+#endif
+#if KV_TQ_PV16
+#define KV_MMA_VCODES_F16 1
+// the value codes' conversion, and the highest code bit it takes straight (3-bit windows)
+#define KV_TQ_VCODES kv_codes_f16x2_masked
+#define KV_TQ_VS_MAX 7
+#else
+#define KV_TQ_VCODES kv_codes_bf16x2_masked
+#define KV_TQ_VS_MAX 4
+#endif
 // N words of staged bytes starting at any byte p: aligned words from the 4-byte boundary
 // below, funnel-shifted down (N + 1 word loads; the caller says why the word past the run and
 // the bytes before p are readable).
@@ -725,7 +755,7 @@ __device__ __forceinline__ void kv_mma_vload_at4(const unsigned char* const* row
 // t .. t + 15 of token a in its low half and of token b in its high half. Halves: one byte
 // permute of the two tokens' units for t % 16 == 0, one byte permute of the two neighbouring
 // windows for t % 16 == 8. Word (D = 64): one byte permute of the two tokens' words.
-// A code at bit p <= 4 of a window's halves converts straight from it
+// A code at bit p <= 4 (fp16 codes, KV_TQ_PV16: 7) of a window's halves converts straight from it
 // (kv_codes_bf16x2_masked, S = p); a code further up takes the window shifted right by p - 1
 // (one shift for both tokens), which puts it at bit 1 and the next code at bit 4 of the same
 // shifted word, so the next code is free. Window t = 8 floor(3 i / 8) for code i (capped at
@@ -746,7 +776,7 @@ __host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
     KvTqVPlace prev{0, 0, 0};
     for (int k = 0; k <= i; ++k) {
         const int b = 3 * k;
-        if (shifted_prev && b + 3 <= prev.t + 16 && b - prev.t - prev.s <= 4) {
+        if (shifted_prev && b + 3 <= prev.t + 16 && b - prev.t - prev.s <= KV_TQ_VS_MAX) {
             pl = KvTqVPlace{prev.t, prev.s, b - prev.t - prev.s};
             shifted_prev = false;
             continue;
@@ -754,7 +784,7 @@ __host__ __device__ constexpr KvTqVPlace kv_tq_vplan(int i) {
         int t = (b / 8) * 8;
         if (t > LAST) t = LAST;
         const int p = b - t;
-        if (p <= 4) {
+        if (p <= KV_TQ_VS_MAX) {
             pl = KvTqVPlace{t, 0, p};
             shifted_prev = false;
         } else {
@@ -801,7 +831,7 @@ __device__ __forceinline__ unsigned kv_tq_vcode(const unsigned* ra, const unsign
     constexpr KvTqVPlace pl = kv_tq_vplan(I);
     constexpr unsigned MM = 7u * 0x00010001u;
     const unsigned w = kv_tq_vwin<pl.t>(ra, rb) >> pl.s;
-    return kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, pl.S>(w);
+    return KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM, pl.S>(w);
 }
 // Pair j (a compile-time constant after the m-tile loop's unrolling: the chain folds to one
 // case; only pairs inside the run are instantiated).
@@ -832,8 +862,12 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
         // Byte j of each: a's to byte 0, b's to byte 2.
         const int o = j & 3;
         const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
-        *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
-        *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e >> B);
+        *w0 = KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM>(e);
+#if KV_TQ_PV16
+        *w1 = KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM, B>(e);  // (fp16: in place)
+#else
+        *w1 = KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM>(e >> B);
+#endif
     } else {
         // Codes 2j, 2j + 1 at bit sh = 2 B j of the lane's run: a's pair shifted to bit 0,
         // b's to bit 16 (a shift, or a funnel shift where the pair straddles the two words),
@@ -847,8 +881,8 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
         const unsigned xa = down(ra, sh);
         const unsigned xb = sh >= 16 ? down(rb, sh - 16) : rb[0] << (16 - sh);
         const unsigned e = (xa & 0xFFFFu) | (xb & 0xFFFF0000u);
-        *w0 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM>(e);
-        *w1 = kv_codes_bf16x2_masked<KV_MMA_VCODE_OFFSET, MM, B>(e);
+        *w0 = KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM>(e);
+        *w1 = KV_TQ_VCODES<KV_MMA_VCODE_OFFSET, MM, B>(e);
     }
 #endif
 }

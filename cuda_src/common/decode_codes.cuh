@@ -330,3 +330,24 @@ __device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
         : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
     return r;
 }
+
+// fp16 bits of -n for an integer 1 <= n < 2048 (exact: 11 significant bits).
+__host__ __device__ constexpr unsigned kv_f16_neg_int(unsigned n) {
+    return 0x8000u | ((15u + kv_ilog2_c(n)) << 10) | ((n << (10 - kv_ilog2_c(n))) & 0x3FFu);
+}
+// kv_codes_bf16x2_masked's fp16 twin (TurboQuant's fp16 PV, decode_turboquant.cu KV_TQ_PV16):
+// MM << S within the 10 mantissa bits of each half, 1024 + c 2^S (fp16 0x6400 | c << S) times
+// 2^-S minus (2^(10-S) + OFF) by fma.rn.f16x2, exact. The wider mantissa takes a 4-bit pair's
+// high code where it sits (S = 4: no shift down).
+template <unsigned OFF, unsigned MM, int S = 0>
+__device__ __forceinline__ unsigned kv_codes_f16x2_masked(unsigned x) {
+    static_assert(((MM << S) & 0xFC00FC00u) == 0u, "codes inside the fp16 mantissa");
+    x = kv_and_or(x, MM << S, 0x64006400u);
+    constexpr unsigned MUL = 0x3C00u - (S << 10);  // fp16 2^-S
+    constexpr unsigned C = kv_f16_neg_int((1u << (10 - S)) + OFF);
+    unsigned r;
+    asm("fma.rn.f16x2 %0, %1, %2, %3;"
+        : "=r"(r)
+        : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
+    return r;
+}

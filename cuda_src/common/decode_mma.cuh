@@ -22,7 +22,10 @@
 //   PV, TurboQuant values (KV_MMA_VCODES 1, v = code * scale_t + zero_t): the integer codes
 //     are exact in bf16; W = P * scale_t is split in three bf16 parts (24 bits, any float32
 //     range) and O = W_hi C + W_mid C + W_lo C + sum_t p_t zero_t (the last in float32 on the
-//     CUDA cores).
+//     CUDA cores). KV_MMA_VCODES_F16: the codes exact in fp16, and per fresh accumulator and
+//     row r a power of two s_r = 2^k_r (kv_w16_pow2: the largest |W| of the row's tokens in
+//     that accumulator to [2^14, 2^15)), W s_r split hi + lo in fp16 (22 bits, as P's), and
+//     the accumulator added into the running one times the exact 2^-k_r (one FFMA).
 // Softmax state, masks, soft-cap and the merge are float32 as in the SIMT core.
 //
 // Fragment layouts (PTX ISA, mma.m16n8k16 .row.col): g = lane / 4, c = lane % 4.
@@ -163,8 +166,17 @@
 #else
 #define KV_MMA_QSPLIT 1
 #endif
+// Value codes as fp16 operands (a family's opt-in, TurboQuant: decode_turboquant.cu
+// KV_TQ_PV16): W = P * scale_t split hi + lo in fp16 after a power of two per row and fresh
+// accumulator (kv_w16_pow2), the PV mma on fp16, one part fewer than bf16's three.
+#ifndef KV_MMA_VCODES_F16
+#define KV_MMA_VCODES_F16 0
+#endif
+#if KV_MMA_VCODES_F16 && !KV_MMA_VCODES
+#error "KV_MMA_VCODES_F16 needs KV_MMA_VCODES"
+#endif
 // The PV mma on bf16 operands (value codes, or bf16 values), else on fp16.
-#define KV_MMA_PV_BF16 (KV_MMA_VCODES || KV_MMA_BF16)
+#define KV_MMA_PV_BF16 ((KV_MMA_VCODES && !KV_MMA_VCODES_F16) || KV_MMA_BF16)
 // bf16 keys: the query parts that can be non-zero. A bf16 query (8 significant bits, times
 // its row's power of two) is its hi part; an fp16 one (11 bits, no subnormals after the row
 // scaling) is hi + mid exactly; float32 needs hi + mid + lo. The parts past these are
@@ -490,6 +502,68 @@ __device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* 
     }
 }
 
+#if KV_MMA_VCODES_F16
+// (KV_MMA_VCODES_F16) kv_acc_add4 with the rows' exact powers of two undone: C columns 2c
+// (t4[0], t4[2]) are the thread's row j = 0, 2c + 1 (t4[1], t4[3]) row 1; t4 * inv is exact
+// (no underflow past float32's normals matters: kv_w16_pow2), so each is the one rounding of
+// the add, as kv_acc_add4's.
+__device__ __forceinline__ void kv_acc_fma4(float* acc, const float* t4, const float* inv) {
+    acc[0] = fmaf(t4[0], inv[0], acc[0]);
+    acc[1] = fmaf(t4[1], inv[1], acc[1]);
+    acc[2] = fmaf(t4[2], inv[0], acc[2]);
+    acc[3] = fmaf(t4[3], inv[1], acc[3]);
+}
+__device__ __forceinline__ unsigned kv_max_bf16x2(unsigned a, unsigned b) {
+    unsigned r;
+    asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+    return r;
+}
+// (KV_MMA_VCODES_F16) The thread's rows j = 0, 1: w[j][0 .. NT - 1] its W = p * scale_t of
+// the tokens one fresh accumulator sums (the lanes that share c hold the rest). m_j = max |W|
+// over all of them (NaN skipped: fmaxf / max.bf16x2 return the other operand; at least
+// 2^-100, so a row with no weight still gets finite powers); e_j = m_j's biased exponent (its
+// bf16 truncation keeps it; both rows' in one word, so one shuffle chain over the 8 lanes);
+// s_j = 2^(141 - e_j) puts m_j s_j in [2^14, 2^15) (hi + lo below 65504, and a term down to
+// 2^-22 of m_j keeps normal fp16 parts), inv_j = 2^(e_j - 141): e_j in [27, 255] keeps both
+// normal floats (inf: e = 255, s = 2^-114, W s inf and NaN after the split, as the bf16 parts
+// gave).
+template <int NT>
+__device__ __forceinline__ void kv_w16_pow2(const float (*w)[NT], float* s, float* inv) {
+    float m[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+        m[j] = fabsf(w[j][0]);
+#pragma unroll
+        for (int t = 1; t < NT; ++t) m[j] = fmaxf(m[j], fabsf(w[j][t]));
+    }
+    // row 0's top half high, row 1's low
+    unsigned x = __byte_perm(__float_as_uint(m[1]), __float_as_uint(m[0]), 0x7632);
+    x = kv_max_bf16x2(x, 0x0D800D80u);  // 2^-100
+#pragma unroll
+    for (int off = 4; off < KV_WARP; off <<= 1)
+        x = kv_max_bf16x2(x, __shfl_xor_sync(KV_FULL_MASK, x, off));
+    const unsigned e0 = x & 0x7F800000u;          // e_0 << 23
+    const unsigned e1 = (x << 16) & 0x7F800000u;  // e_1 << 23
+    s[0] = __uint_as_float((268u << 23) - e0);
+    s[1] = __uint_as_float((268u << 23) - e1);
+    inv[0] = __uint_as_float(e0 - (14u << 23));
+    inv[1] = __uint_as_float(e1 - (14u << 23));
+}
+// kv_pv_mtile with the rows' powers of two (inv[nr][j]) undone in the accumulator add.
+template <int NPART>
+__device__ __forceinline__ void kv_pv_mtile_w16(float (*acc_mi)[4], const unsigned* av,
+                                                const unsigned (*bp)[NPART][2], int acc_stride,
+                                                const float (*inv)[2]) {
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+        float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int k = 0; k < NPART; ++k) kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+        kv_acc_fma4(acc_mi[nr * acc_stride], t4, inv[nr]);
+    }
+}
+#endif
+
 #if KVD_TILE_PAIRS
 // Tile pairs' PV of m-tile mi: tile a's and tile b's P parts into ONE fresh accumulator per
 // row tile (2 NPART mma deep), then one IEEE add into the running sum: the add keeps the
@@ -516,6 +590,24 @@ __device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned 
         kv_acc_add4(acc_mi[nr * acc_stride], t4);
     }
 }
+#if KV_MMA_VCODES_F16
+// kv_pv_mtile2 with the rows' powers of two (one per pair: both tiles' tokens) undone.
+template <int NPART>
+__device__ __forceinline__ void kv_pv_mtile2_w16(float (*acc_mi)[4], const unsigned (*av)[4],
+                                                 const unsigned (*bp)[kvm::NR][NPART][2],
+                                                 int acc_stride, const float (*inv)[2]) {
+#pragma unroll
+    for (int nr = 0; nr < kvm::NR; ++nr) {
+        float t4[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+#pragma unroll
+            for (int k = 0; k < NPART; ++k) kv_mma_f16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
+        }
+        kv_acc_fma4(acc_mi[nr * acc_stride], t4, inv[nr]);
+    }
+}
+#endif
 #endif
 
 // The online-softmax step of the warp's scores ((b) of kv_stage1_body; (b2) of the tile
@@ -1144,10 +1236,15 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // (c) O^T += V^T P^T: M = 16 dims per m-tile, N = 8 rows, K = the warp's 16
             // tokens. P^T's B fragments are the transposes (movmatrix) of the thread's
             // (token g | g + 8) x (rows 2c, 2c + 1) pairs.
-#if KV_MMA_PV_BF16
+#if KV_MMA_PV_BF16 || KV_MMA_VCODES_F16
             // P (times scale_t for value codes; bf16 values: unscaled, bf16 has float32's
             // range) as three bf16 parts (packed columns: two mmas carry them, KV_MMA_PACK).
+            // KV_MMA_VCODES_F16: W s_r as fp16 hi + lo (packed: one mma).
+#if KV_MMA_VCODES_F16
+            constexpr int NPART = KV_MMA_PACK ? 1 : 2;
+#else
             constexpr int NPART = KV_MMA_PACK ? 2 : 3;
+#endif
             float vs[2] = {1.f, 1.f};
 #if KV_MMA_VCODES
 #pragma unroll
@@ -1166,6 +1263,31 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             }
 #endif
             unsigned bp[NR][NPART][2];
+#if KV_MMA_VCODES_F16
+            float w16i[NR][2];
+#pragma unroll
+            for (int nr = 0; nr < NR; ++nr) {
+                float w[2][2], s16[2];
+#pragma unroll
+                for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                    for (int tt = 0; tt < 2; ++tt) w[j][tt] = p[nr][j][tt] * vs[tt];
+                }
+                kv_w16_pow2<2>(w, s16, w16i[nr]);
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+#if KV_MMA_PACK
+                    bp[nr][0][tt] = kv_movmatrix_trans(
+                        kv_split_f16x2_packed(w[0][tt] * s16[0], w[1][tt] * s16[1], pk_negm));
+#else
+                    unsigned hi, lo;
+                    kv_split_f16x2(w[0][tt] * s16[0], w[1][tt] * s16[1], &hi, &lo);
+                    bp[nr][0][tt] = kv_movmatrix_trans(hi);
+                    bp[nr][1][tt] = kv_movmatrix_trans(lo);
+#endif
+                }
+            }
+#else
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
@@ -1183,6 +1305,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #endif
                 }
             }
+#endif
 #else
             // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile; else
             // P's hi and lo parts, two mmas.
@@ -1249,7 +1372,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     unsigned av[4];
                     kv_mma_vpair_sel(finite, vraw[0], vraw[1], mi, &av[0], &av[1]);
                     kv_mma_vpair_sel(finite, vraw[2], vraw[3], mi, &av[2], &av[3]);
+#if KV_MMA_VCODES_F16
+                    kv_pv_mtile_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+#else
                     kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
+#endif
                 }
 #if KV_MMA_NANTILE_V
             };
@@ -1287,7 +1414,11 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KV_MMA_V_DIRECT
                 if (v_mask) kv_mask_v_operand(av, vm);
 #endif
+#if KV_MMA_VCODES_F16
+                kv_pv_mtile_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+#else
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
+#endif
             }
 #endif  // KV_MMA_V_REGS
         }

@@ -23,7 +23,8 @@
 //
 // Numerics: float32 as in the single-tile body (DESIGN.md section 4), in another order: one
 // softmax rescale point per 32 tokens, l += (p0 + p1) + (p2 + p3), and the fresh PV
-// accumulator takes four (six for bf16 parts) mma products per lane before its one add.
+// accumulator takes four (six for bf16 parts) mma products per lane before its one add
+// (KV_MMA_VCODES_F16: the rows' powers of two per pair, over both tiles' tokens).
 static_assert((KVD_WARP_PIPE || KVD_CP_RINGLESS) && KV_MMA_V_REGS && KV_MMA_K_REGS &&
                   !KV_MMA_K_DIRECT && !KV_MMA_BF16 && !KV_MMA_NANTILE_K && !KV_MMA_NANTILE_V,
               "tile pairs: page windows with register keys and values only");
@@ -384,8 +385,12 @@ if (pipe.slabs) {
         kv_mma_softmax_step<4>(p, m_r, l_r, acc, alpha);
 
         // (c2) pair PV: O^T += V^T P^T for both tiles, one fresh accumulator per m-tile.
-#if KV_MMA_PV_BF16
+#if KV_MMA_PV_BF16 || KV_MMA_VCODES_F16
+#if KV_MMA_VCODES_F16
+        constexpr int NPART = KV_MMA_PACK ? 1 : 2;  // W s_r as fp16 hi + lo
+#else
         constexpr int NPART = KV_MMA_PACK ? 2 : 3;
+#endif
         float vs[2][2] = {{1.f, 1.f}, {1.f, 1.f}};
 #if KV_MMA_VCODES
         // The tokens' value scale and zero from row pointers worked out again from an opaque
@@ -440,6 +445,36 @@ if (pipe.slabs) {
         }
 #endif
         unsigned bp[2][NR][NPART][2];
+#if KV_MMA_VCODES_F16
+        // (KV_MMA_VCODES_F16) One power of two per row for the pair's fresh accumulator (both
+        // tiles' 32 tokens): W s_r as fp16 hi + lo.
+        float w16i[NR][2];
+#pragma unroll
+        for (int nr = 0; nr < NR; ++nr) {
+            float w[2][4], s16[2];
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+#pragma unroll
+                for (int t = 0; t < 4; ++t) w[j][t] = p[nr][j][t] * vs[t >> 1][t & 1];
+            }
+            kv_w16_pow2<4>(w, s16, w16i[nr]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+#pragma unroll
+                for (int tt = 0; tt < 2; ++tt) {
+                    const float x0 = w[0][2 * h + tt] * s16[0], x1 = w[1][2 * h + tt] * s16[1];
+#if KV_MMA_PACK
+                    bp[h][nr][0][tt] = kv_movmatrix_trans(kv_split_f16x2_packed(x0, x1, pk_negm));
+#else
+                    unsigned hi, lo;
+                    kv_split_f16x2(x0, x1, &hi, &lo);
+                    bp[h][nr][0][tt] = kv_movmatrix_trans(hi);
+                    bp[h][nr][1][tt] = kv_movmatrix_trans(lo);
+#endif
+                }
+            }
+        }
+#else
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -459,6 +494,7 @@ if (pipe.slabs) {
                 }
             }
         }
+#endif
 #else
         // Packed columns (KV_MMA_PACK_F16): one part per lane, one mma per m-tile and tile;
         // else P's hi and lo parts, two mmas.
@@ -565,7 +601,11 @@ if (pipe.slabs) {
                 kv_mma_vpair_sel(false, vraw[h][0], vraw[h][1], mi, &av[h][0], &av[h][1]);
                 kv_mma_vpair_sel(false, vraw[h][2], vraw[h][3], mi, &av[h][2], &av[h][3]);
             }
+#if KV_MMA_VCODES_F16
+            kv_pv_mtile2_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+#else
             kv_pv_mtile2<NPART>(&acc[0][mi], av, bp, MT);
+#endif
         }
         // (e2) pair end
     }

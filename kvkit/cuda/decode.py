@@ -119,6 +119,12 @@ slot rows loaded by the rows' alignment known at compile time (whole words where
 the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
 loads' bits and the same float operations, so the same bits unless a row's visible logits are
 all NaN.
+``KVKIT_DECODE_TQ_PV16=0`` / ``1`` (TurboQuant's codebook presets, the tensor-core stage 1; A/B
+runs; unset: 0): as before (value codes and W = p x scale as three bf16 parts on bf16 mma) / the
+PV on fp16 mma: the value codes as fp16, W times a power of two per query row and fresh
+accumulator (the row's largest |W| there to [2^14, 2^15), undone exactly in the accumulator
+add) split hi + lo in fp16 (22 significant bits per term, as NVFP4's P); another float32 order,
+within the float32 tolerance at any value scales.
 ``KVKIT_DECODE_CP_ASYNC_V2=0`` / ``1`` / ``2`` / ``3`` / ``4`` (the tensor-core builds of every
 family on the targets without bulk copies: sm_80, sm_86, sm_89, and ``KVKIT_ARCH=sm_80`` PTX on
 newer GPUs; A/B runs; unset: 3 for NVFP4, but 2 on GPUs where 3's CTAs fit fewer times on an
@@ -449,6 +455,11 @@ _FAMILY_SWITCHES = (
     # unguarded softmax (1; default at head_dim 64 and 256), or as before (0; default at 128)
     # (decode_turboquant.cu KV_TQ17).
     ("KVKIT_DECODE_TQ17", ("0", "1"), ("turboquant",)),
+    # TurboQuant's codebook presets in the tensor-core stage 1: the PV on fp16 mma, W = p x
+    # scale as fp16 hi + lo after a power of two per row and accumulator (1), or W as three
+    # bf16 parts on bf16 mma (0, the default) (decode_turboquant.cu KV_TQ_PV16; decode_mma.cuh
+    # KV_MMA_VCODES_F16).
+    ("KVKIT_DECODE_TQ_PV16", ("0", "1"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh
     # KV_E4M3_NANTILE): the formats with E4M3 keys or values.
     ("KVKIT_DECODE_FP8_NANTILE", ("0", "1"), ("fp8_e4m3", "turboquant_k8v4")),

@@ -56,7 +56,7 @@ class Case:
 
     def __init__(self, name, *, head_dim, hkv, group, q_len, block_size, seq_lens, seed,
                  spare_blocks=1, window=None, sinks=False, softcap=None, peak=1.0,
-                 q_dtype="float32", extra_blocks=2):  # fmt: skip
+                 q_dtype="float32", extra_blocks=2, kv_fn=None):  # fmt: skip
         import cupy
 
         rng = np.random.default_rng(seed)
@@ -74,6 +74,8 @@ class Case:
         k = rng.standard_normal((n, hkv, head_dim)).astype(np.float32)
         k[..., :4] *= 3.0
         v = rng.standard_normal((n, hkv, head_dim)).astype(np.float32)
+        if kv_fn is not None:  # (a test's own keys / values, e.g. adversarial value scales)
+            k, v = kv_fn(rng, k, v)
         if fmt.has_global_scales:
             for layer in (self.cpu, self.gpu):
                 layer.k_scale = fmt.calibrate(k)
@@ -2057,6 +2059,171 @@ def test_tq17_matches_float64_at_every_split_count(cp, name, head_dim, group, q_
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=37 + group + head_dim)  # fmt: skip
     check_against_reference(case)
+
+
+# --- TurboQuant's PV on fp16 mma (KVKIT_DECODE_TQ_PV16, decode_turboquant.cu KV_TQ_PV16) -----
+# The codebook presets' value codes as fp16 and W = p x scale_t, times a power of two per query
+# row and fresh accumulator (decode_mma.cuh kv_w16_pow2: the row's largest |W| there to
+# [2^14, 2^15)), as fp16 hi + lo instead of three bf16 parts. Another float32 order: checked
+# against float64 (DECODE_GPU_RTOL) and across split counts, not bit for bit against 0. The
+# adversarial cases put value scales ~1e6 (and ~1e8) apart inside one page, so that one warp
+# tile's W spans far more than fp16's 2^-24 .. 65504 without the power of two.
+TQ_PV16_CASES = [(1, 1, 16, None), (4, 1, 16, None), (4, 1, 128, 70), (1, 4, 16, 70),
+                 (2, 2, 64, None), (8, 1, 16, None), (16, 1, 16, None), (4, 4, 64, 33)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("group, q_len, block_size, window", TQ_PV16_CASES)
+def test_tq_pv16_matches_float64(cp, name, group, q_len, block_size, window, monkeypatch):
+    """KVKIT_DECODE_TQ_PV16=1 at head_dim 128 (tile pairs pinned on; 8 and 16 rows and 4 x 4
+    take the single-tile loop): ragged ends, pages of 16 / 64 / 128 tokens, windows, causal
+    q_len (splits with no visible token), 1 / 3 / MAX_SPLITS / the heuristic's splits within
+    DECODE_GPU_RTOL of float64 and SPLIT_INVARIANCE_RTOL of each other."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
+                seed=block_size + 3 * group + q_len + 41)  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len, window",
+                         [(64, 4, 1, None), (64, 8, 1, 5), (64, 2, 2, None), (64, 16, 1, None),
+                          (256, 4, 1, None), (256, 2, 2, 70), (256, 8, 1, None)])  # fmt: skip
+def test_tq_pv16_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window, monkeypatch):
+    """The same at head_dim 64 and 256 (256 at 8 rows: the CUDA-core core, unchanged)."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=head_dim + group + q_len + 43)  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2),
+                                                    (128, 8, 1), (64, 4, 1)])  # fmt: skip
+@pytest.mark.parametrize("pairs", ["0", "1"])
+def test_tq_pv16_with_sinks_and_softcap(cp, name, head_dim, group, q_len, pairs, monkeypatch):
+    """Sinks and a soft-cap, tile pairs on and off (the single-tile loop everywhere), long
+    splits (page-window refills): every split count within DECODE_GPU_RTOL of float64."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", pairs)
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
+                seq_lens=[*PAIR_LENS, 40 * 64 + 3, 70 * 64 - 27], sinks=True, softcap=30.0,
+                seed=47 + group + head_dim + int(pairs))  # fmt: skip
+    check_against_reference(case)
+
+
+def _tq_pv16_adversarial(name, head_dim, group, q_len, seed, kind):
+    """A case whose value scales span ~1e6 or more inside every page. Slot offsets within a
+    page (block_size 16) pick the tokens; keys get a component along unit vectors u_j and the
+    query heads j of each KV head a component along u_j, which shifts those tokens' scores by a
+    chosen amount (in natural-log units) for the chosen heads.
+    kind "huge_light": values x 1e-3 everywhere (scales ~4e-4) but slot 5 of each page x 1e3
+    (~400) whose score is 14 below the rest for every head (weight ~1e-6: its W = p x scale is
+    the tile's largest or near it, the rest at ~2^-20 of it).
+    kind "tiny_dominant": head 0 of each group dominated (+25) by slot 5, whose values are
+    x 1e-5 (scale ~4e-6, fp16 subnormal); head 1 by slot 9, values x 1e3 (scale ~400), in
+    the same pages and warp tiles (W ~1e8 apart between rows: a power of two per warp alone
+    would leave head 0's hi + lo at fp16 subnormals); the rest x 1."""
+    bs, a = 16, 8.0
+    rng_u = np.random.default_rng(seed + 1000)
+    u = np.linalg.qr(rng_u.standard_normal((head_dim, 2)))[0].T.astype(np.float32)  # 2 x D
+    shift = lambda s: s * math.sqrt(head_dim) / a  # noqa: E731  (key length along u_j)
+
+    def kv_fn(rng, k, v):
+        slot = np.arange(k.shape[0]) % bs
+        if kind == "huge_light":
+            v *= 1e-3
+            v[slot == 5] *= 1e6
+            k[slot == 5] -= shift(14.0) * u[0]
+        else:
+            v[slot == 5] *= 1e-5
+            v[slot == 9] *= 1e3
+            k[slot == 5] += shift(25.0) * u[0]
+            k[slot == 9] += shift(25.0) * u[1]
+        return k, v
+
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=bs,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], seed=seed, kv_fn=kv_fn)  # fmt: skip
+    q = case.q_vals.copy()  # (B, q_len, Hq, D), float32 queries
+    for h in range(q.shape[2]):
+        j = h % group
+        if kind == "huge_light":
+            q[:, :, h] += a * u[0]
+        elif j < 2:
+            q[:, :, h] += a * u[j]
+    case.q_host = case.q_vals = q.astype(np.float32)
+    return case
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("kind", ["huge_light", "tiny_dominant"])
+@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (128, 8, 1), (64, 4, 1),
+                                                    (256, 4, 1), (128, 2, 2)])  # fmt: skip
+@pytest.mark.parametrize("value", ["0", "1"])
+def test_tq_pv16_value_scales_far_apart_in_one_page(cp, name, kind, head_dim, group, q_len,
+                                                    value, monkeypatch):  # fmt: skip
+    """Adversarial value scales (_tq_pv16_adversarial) under KVKIT_DECODE_TQ_PV16=1 (and 0, the
+    bf16 parts, for comparison): every split count within DECODE_GPU_RTOL of float64, tile
+    pairs on and the single-tile loop."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", value)
+    for pairs in ("1", "0"):
+        monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", pairs)
+        case = _tq_pv16_adversarial(name, head_dim, group, q_len, 53 + head_dim + group, kind)
+        ref_o, _ = case.reference()
+        assert np.all(np.isfinite(ref_o))
+        if kind == "tiny_dominant":  # head 0's rows are ~1e-5, head 1's ~1e3: as intended
+            r0 = np.abs(ref_o[:, :, 0::group]).max()
+            r1 = np.abs(ref_o[:, :, 1::group]).max()
+            assert r0 < 1e-3 and r1 > 10.0, (r0, r1)
+        check_against_reference(case)
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_tq_pv16_masks_nan_bytes_past_the_sequence_end(cp, name, head_dim, monkeypatch):
+    """Slots past a sequence's length in its last page all 0xFF bytes (NaN value scale, zero
+    and key norm): under KVKIT_DECODE_TQ_PV16=1 their W is 0 (p = 0, scale not read) and the
+    row maxima skip nothing real: within DECODE_GPU_RTOL of float64."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[300, 129, 70, 5], seed=head_dim + 59)  # fmt: skip
+    ref_o, ref_lse = case.reference()
+    for b, n in enumerate(case.seq_lens):
+        page = case.block_tables[b, (int(n) - 1) // 16]
+        case.gpu.planes["slots"][page, :, int(n) % 16 or 16 :, :] = 0xFF
+    for num_splits in (1, 3):
+        o, lse = case.run(num_splits)
+        assert case.flag() == 0
+        assert rel_error(o, ref_o) <= DECODE_GPU_RTOL, num_splits
+        assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL, num_splits
+
+
+@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tq_pv16_nan_query_rows_as_before(cp, name, head_dim, monkeypatch):
+    """A NaN query head: its rows NaN and every other row as the bf16 build's (within
+    float32 reassociation), 1 and 3 splits: a NaN W is skipped by the rows' maxima and poisons
+    only its own row."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], seed=head_dim + 61)  # fmt: skip
+    q = case.q_vals.copy()
+    q[:, :, 1, 3] = np.nan
+    case.q_host = case.q_vals = q
+    for num_splits in (1, 3):
+        outs = []
+        for value in ("1", "0"):
+            monkeypatch.setenv("KVKIT_DECODE_TQ_PV16", value)
+            outs.append(case.run(num_splits)[0])
+            assert case.flag() == 0
+        o_new, o_old = outs
+        np.testing.assert_array_equal(np.isnan(o_new), np.isnan(o_old))
+        keep = ~np.isnan(o_old).any(axis=-1)
+        assert keep.sum() >= o_old.shape[0] * (o_old.shape[2] - 1)
+        assert rel_error(o_new[keep], o_old[keep]) <= SPLIT_INVARIANCE_RTOL
 
 
 # --- the cp.async path's warp-local tile loop (KVKIT_DECODE_CP_ASYNC_V2, decode_core.cuh
