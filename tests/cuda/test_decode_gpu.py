@@ -2175,10 +2175,10 @@ def test_tq_pv16_value_scales_far_apart_in_one_page(cp, name, kind, head_dim, gr
         case = _tq_pv16_adversarial(name, head_dim, group, q_len, 53 + head_dim + group, kind)
         ref_o, _ = case.reference()
         assert np.all(np.isfinite(ref_o))
-        if kind == "tiny_dominant":  # head 0's rows are ~1e-5, head 1's ~1e3: as intended
+        if kind == "tiny_dominant":  # head 0's rows ~1e-4, head 1's ~1e3: as intended
             r0 = np.abs(ref_o[:, :, 0::group]).max()
             r1 = np.abs(ref_o[:, :, 1::group]).max()
-            assert r0 < 1e-3 and r1 > 10.0, (r0, r1)
+            assert r0 < 1e-5 * r1 and r1 > 10.0, (r0, r1)
         check_against_reference(case)
 
 
