@@ -225,7 +225,7 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #if KV_TQ17
 #define KV_MMA_EXP_CLAMP 1
 #endif
-// -DKVKIT_DECODE_TQ_PV16 (kvkit/cuda/decode.py; A/B runs; default 0; benchmarks/NOTES.md
+// -DKVKIT_DECODE_TQ_PV16 (kvkit/cuda/decode.py; A/B runs; default 1; benchmarks/NOTES.md
 // "tq18"): 1 runs the codebook presets' tensor-core PV on fp16 operands (decode_mma.cuh
 // KV_MMA_VCODES_F16): the value codes as fp16 (kv_codes_f16x2_masked: a 4-bit pair's high
 // code converts where it sits, no shift; 3-bit windows convert codes up to bit 7 straight),
@@ -238,10 +238,17 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // below 2^-22 of it goes to fp16 subnormals (below float32 rounding of the largest). NaN / inf
 // weights: NaN rows as before (a NaN W is skipped by the max and poisons only its row).
 // Another float32 order (not bit for bit with 0). k8v4 (FP8 keys) unchanged.
-#if TQ_KEY_FP8 || !defined(KVKIT_DECODE_TQ_PV16)
+// Measured on the H200 (session 18, call 2; graph ms, 0 -> 1, two runs each): (64, 8192)
+// 4bit_nc 0.2343 / 0.2345 -> 0.2215 / 0.2261, 3bit_nc 0.2296 / 0.2349 -> 0.2199 / 0.2239, k3v4_nc
+// 0.2353 / 0.2359 -> 0.2194 / 0.2247; (1, 131072) 4bit_nc 0.0689 / 0.0691 -> 0.0654 / 0.0656;
+// (32, 4096) D = 64 4bit_nc 0.0478 / 0.0476 -> 0.0460 / 0.0463; D = 256 4bit_nc 0.1147 /
+// 0.1148 -> 0.1050 / 0.1060 (every preset and shape 2-9% faster). Default 1.
+#if TQ_KEY_FP8
 #define KV_TQ_PV16 0
-#else
+#elif defined(KVKIT_DECODE_TQ_PV16)
 #define KV_TQ_PV16 KVKIT_DECODE_TQ_PV16
+#else
+#define KV_TQ_PV16 1
 #endif
 #if KV_TQ_PV16 < 0 || KV_TQ_PV16 > 1
 #error "KVKIT_DECODE_TQ_PV16: 0 or 1"

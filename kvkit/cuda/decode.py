@@ -120,7 +120,7 @@ the online softmax without its empty-row guard (the running max starts at -FLT_M
 loads' bits and the same float operations, so the same bits unless a row's visible logits are
 all NaN.
 ``KVKIT_DECODE_TQ_PV16=0`` / ``1`` (TurboQuant's codebook presets, the tensor-core stage 1; A/B
-runs; unset: 0): as before (value codes and W = p x scale as three bf16 parts on bf16 mma) / the
+runs; unset: 1): as before (value codes and W = p x scale as three bf16 parts on bf16 mma) / the
 PV on fp16 mma: the value codes as fp16, W times a power of two per query row and fresh
 accumulator (the row's largest |W| there to [2^14, 2^15), undone exactly in the accumulator
 add) split hi + lo in fp16 (22 significant bits per term, as NVFP4's P); another float32 order,
@@ -456,8 +456,8 @@ _FAMILY_SWITCHES = (
     # (decode_turboquant.cu KV_TQ17).
     ("KVKIT_DECODE_TQ17", ("0", "1"), ("turboquant",)),
     # TurboQuant's codebook presets in the tensor-core stage 1: the PV on fp16 mma, W = p x
-    # scale as fp16 hi + lo after a power of two per row and accumulator (1), or W as three
-    # bf16 parts on bf16 mma (0, the default) (decode_turboquant.cu KV_TQ_PV16; decode_mma.cuh
+    # scale as fp16 hi + lo after a power of two per row and accumulator (1, the default), or W
+    # as three bf16 parts on bf16 mma (0) (decode_turboquant.cu KV_TQ_PV16; decode_mma.cuh
     # KV_MMA_VCODES_F16).
     ("KVKIT_DECODE_TQ_PV16", ("0", "1"), ("turboquant",)),
     # The software-FP8 path's per-tile NaN-free E4M3 conversion (decode_codes.cuh

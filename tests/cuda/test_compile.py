@@ -228,7 +228,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # default but fp8's); "-tq17": TurboQuant's codebook presets with word-aligned value
     # loads, held key-run alignment and the unguarded softmax (KVKIT_DECODE_TQ17=1, A/B runs;
     # default 0); "-tqpv16": TurboQuant's codebook presets with the PV on fp16 mma
-    # (KVKIT_DECODE_TQ_PV16=1, A/B runs; default 0).
+    # and "-tqpv16_0" the bf16 PV before it (KVKIT_DECODE_TQ_PV16=1, the default, and =0, A/B
+    # runs).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -253,6 +254,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "cpv2r": ("KVKIT_DECODE_CP_ASYNC_V2", "2"),
         "tq17": ("KVKIT_DECODE_TQ17", "1"),
         "tqpv16": ("KVKIT_DECODE_TQ_PV16", "1"),
+        "tqpv16_0": ("KVKIT_DECODE_TQ_PV16", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -265,7 +267,8 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_4bit_nc-tqissue0", "nvfp4-nvpack0", "nvfp4-cpv2",
                  "nvfp4-cpv20", "nvfp4-cpv2r", "turboquant_4bit_nc-tq17",
                  "turboquant_k3v4_nc-tq17", "turboquant_4bit_nc-tqpv16",
-                 "turboquant_3bit_nc-tqpv16", "turboquant_k3v4_nc-tqpv16"):  # fmt: skip
+                 "turboquant_3bit_nc-tqpv16", "turboquant_k3v4_nc-tqpv16",
+                 "turboquant_4bit_nc-tqpv16_0"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
