@@ -128,6 +128,34 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // 2^e (max |c| to [2^14, 2^15)) and split hi + lo in fp16, one table word per code.
 #define KV_MMA 1
 #define KV_MMA_VCODES 1
+// -DKVKIT_DECODE_TQ_PV16 (kvkit/cuda/decode.py; A/B runs; default 1; benchmarks/NOTES.md
+// "tq18"): 1 runs the codebook presets' tensor-core PV on fp16 operands (decode_mma.cuh
+// KV_MMA_VCODES_F16): the value codes as fp16 (kv_codes_f16x2_masked: a 4-bit pair's high
+// code converts where it sits, no shift; 3-bit windows convert codes up to bit 7 straight),
+// and W = p * scale_t, after a power of two 2^k_r per query row and fresh accumulator (the
+// row's largest |W| there to [2^14, 2^15), kv_w16_pow2), as fp16 hi + lo: 22 significant bits
+// of each term relative to the row's largest in that accumulator (the bf16 build's three
+// parts: 24), one PV mma per m-tile and tile fewer (packed columns: one instead of two), and
+// 2^-k_r undone exactly in the accumulator add (an FFMA where the FADD was). Any fp16 scales
+// (6e-8 .. 65504 in one tile): each row's terms stay relative to that row's largest; a term
+// below 2^-22 of it goes to fp16 subnormals (below float32 rounding of the largest). NaN / inf
+// weights: NaN rows as before (a NaN W is skipped by the max and poisons only its row).
+// Another float32 order (not bit for bit with 0). k8v4 (FP8 keys) unchanged.
+// Measured on the H200 (session 18, call 2; graph ms, 0 -> 1, two runs each): (64, 8192)
+// 4bit_nc 0.2343 / 0.2345 -> 0.2215 / 0.2261, 3bit_nc 0.2296 / 0.2349 -> 0.2199 / 0.2239, k3v4_nc
+// 0.2353 / 0.2359 -> 0.2194 / 0.2247; (1, 131072) 4bit_nc 0.0689 / 0.0691 -> 0.0654 / 0.0656;
+// (32, 4096) D = 64 4bit_nc 0.0478 / 0.0476 -> 0.0460 / 0.0463; D = 256 4bit_nc 0.1147 /
+// 0.1148 -> 0.1050 / 0.1060 (every preset and shape 2-9% faster). Default 1.
+#if TQ_KEY_FP8
+#define KV_TQ_PV16 0
+#elif defined(KVKIT_DECODE_TQ_PV16)
+#define KV_TQ_PV16 KVKIT_DECODE_TQ_PV16
+#else
+#define KV_TQ_PV16 1
+#endif
+#if KV_TQ_PV16 < 0 || KV_TQ_PV16 > 1
+#error "KVKIT_DECODE_TQ_PV16: 0 or 1"
+#endif
 // -DKVKIT_DECODE_TQ_VARIANT (kvkit/cuda/decode.py; A/B runs): 1, the default, packs the
 // second operand parts into the padding columns of G * q_len <= 4 launches (decode_mma.cuh
 // KV_MMA_PACK: at G = 4, D = 128 16 of 32 score mmas, 8 of 16 query ldmatrix and 8 of 24 PV
@@ -135,8 +163,12 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // from D = 128 only: measured on the H200 (session 11, graph ms, 1 vs 0) 4bit_nc at D = 128,
 // (64, 8192) 0.3006 / 0.3315; at (32, 4096) D = 256 0.1531 / 0.1683 but D = 64 0.0678 / 0.0635
 // (all four presets 5-7% slower there: the saved mmas are too few to pay for the fold).
+// With the fp16 PV (KV_TQ_PV16) the codebook presets fold at D = 64 too: measured on the H200
+// (session 18, call 3; graph ms at (32, 4096) D = 64, 0 -> 1, two runs each) 4bit_nc 0.0459 /
+// 0.0456 -> 0.0440 / 0.0436, 3bit_nc 0.0473 / 0.0470 -> 0.0443 / 0.0438, k3v4_nc 0.0461 /
+// 0.0456 -> 0.0432 / 0.0426. k8v4 (FP8 keys, no KV_TQ_PV16) keeps 0 there.
 #ifndef KVKIT_DECODE_TQ_VARIANT
-#if KV_HEAD_DIM >= 128
+#if KV_HEAD_DIM >= 128 || KV_TQ_PV16
 #define KVKIT_DECODE_TQ_VARIANT 1
 #else
 #define KVKIT_DECODE_TQ_VARIANT 0
@@ -224,34 +256,6 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #endif
 #if KV_TQ17
 #define KV_MMA_EXP_CLAMP 1
-#endif
-// -DKVKIT_DECODE_TQ_PV16 (kvkit/cuda/decode.py; A/B runs; default 1; benchmarks/NOTES.md
-// "tq18"): 1 runs the codebook presets' tensor-core PV on fp16 operands (decode_mma.cuh
-// KV_MMA_VCODES_F16): the value codes as fp16 (kv_codes_f16x2_masked: a 4-bit pair's high
-// code converts where it sits, no shift; 3-bit windows convert codes up to bit 7 straight),
-// and W = p * scale_t, after a power of two 2^k_r per query row and fresh accumulator (the
-// row's largest |W| there to [2^14, 2^15), kv_w16_pow2), as fp16 hi + lo: 22 significant bits
-// of each term relative to the row's largest in that accumulator (the bf16 build's three
-// parts: 24), one PV mma per m-tile and tile fewer (packed columns: one instead of two), and
-// 2^-k_r undone exactly in the accumulator add (an FFMA where the FADD was). Any fp16 scales
-// (6e-8 .. 65504 in one tile): each row's terms stay relative to that row's largest; a term
-// below 2^-22 of it goes to fp16 subnormals (below float32 rounding of the largest). NaN / inf
-// weights: NaN rows as before (a NaN W is skipped by the max and poisons only its row).
-// Another float32 order (not bit for bit with 0). k8v4 (FP8 keys) unchanged.
-// Measured on the H200 (session 18, call 2; graph ms, 0 -> 1, two runs each): (64, 8192)
-// 4bit_nc 0.2343 / 0.2345 -> 0.2215 / 0.2261, 3bit_nc 0.2296 / 0.2349 -> 0.2199 / 0.2239, k3v4_nc
-// 0.2353 / 0.2359 -> 0.2194 / 0.2247; (1, 131072) 4bit_nc 0.0689 / 0.0691 -> 0.0654 / 0.0656;
-// (32, 4096) D = 64 4bit_nc 0.0478 / 0.0476 -> 0.0460 / 0.0463; D = 256 4bit_nc 0.1147 /
-// 0.1148 -> 0.1050 / 0.1060 (every preset and shape 2-9% faster). Default 1.
-#if TQ_KEY_FP8
-#define KV_TQ_PV16 0
-#elif defined(KVKIT_DECODE_TQ_PV16)
-#define KV_TQ_PV16 KVKIT_DECODE_TQ_PV16
-#else
-#define KV_TQ_PV16 1
-#endif
-#if KV_TQ_PV16 < 0 || KV_TQ_PV16 > 1
-#error "KVKIT_DECODE_TQ_PV16: 0 or 1"
 #endif
 #if KV_TQ_PV16
 #define KV_MMA_VCODES_F16 1

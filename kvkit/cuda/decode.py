@@ -34,16 +34,16 @@ in one copy per warp and the warp's tokens in a bank-friendly order; float32 rou
 the same attention); ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
 copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``
-picks TurboQuant's tensor-core stage 1 without / with (the default from head_dim 128) the
-packed mma columns of G * q_len <= 4 launches (the same scores bit for bit; the PV sums in
-another float32 order); ``KVKIT_DECODE_TQ3=0`` / ``1`` picks TurboQuant's 3-bit unpacking in
-the tensor-core stage 1, the build before session 12 / the cheaper plans (3-bit values at
-head_dim 256 as 16-bit units, the 3-bit key table first in shared memory at head_dim 128 with
-more than 8 query rows; the default only for head_dim 128 with G * q_len > 8, where it
-measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1`` turns off / on (the default)
-the per-tile NaN-free E4M3 conversion of the software-FP8 path (sm_80 / sm_86: fp8_e4m3 keys
-and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN code keep the exact
-conversion; same bits; no effect where the conversion is the hardware's);
+picks TurboQuant's tensor-core stage 1 without / with (the default from head_dim 128, and at 64 for
+the codebook presets with ``KVKIT_DECODE_TQ_PV16`` on) the packed mma columns of G * q_len <= 4
+launches (the same scores bit for bit; the PV sums in another float32 order); ``KVKIT_DECODE_TQ3=0``
+/ ``1`` picks TurboQuant's 3-bit unpacking in the tensor-core stage 1, the build before session 12 /
+the cheaper plans (3-bit values at head_dim 256 as 16-bit units, the 3-bit key table first in shared
+memory at head_dim 128 with more than 8 query rows; the default only for head_dim 128 with
+G * q_len > 8, where it measured faster), same bits; ``KVKIT_DECODE_FP8_NANTILE=0`` / ``1``
+turns off / on (the default) the per-tile NaN-free E4M3 conversion of the software-FP8 path
+(sm_80 / sm_86: fp8_e4m3 keys and values, turboquant_k8v4 keys; tiles whose bytes hold a NaN
+code keep the exact conversion; same bits; no effect where the conversion is the hardware's);
 ``KVKIT_DECODE_WARP_PIPE=0`` / ``1`` picks the tile loop of the warp-slab launches (sm_90+,
 tensor-core core, pages of >= 16 tokens; NVFP4 at head_dim 128, G * q_len <= 16, and the
 TurboQuant slab builds below): one CTA barrier per tile /
