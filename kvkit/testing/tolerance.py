@@ -3,7 +3,10 @@
 The attention contract (DESIGN.md section 4): decode computes the same function as
 "dequantize with the spec, then exact attention in float64"; a backend may add float32
 rounding, nothing more. The bounds below are what float32 rounding of scores, softmax
-state and accumulation can cost at the sizes the tests use.
+state and accumulation can cost at the sizes the tests use. The tensor-core paths count as
+float32 rounding by construction: every mma operand is exact in fp16/bf16 or a sum of
+fp16/bf16 parts carrying at least 22 significant bits of the float32 value it stands for
+(relative to the largest term of its accumulator), and every sum is a float32 one.
 """
 
 from __future__ import annotations
