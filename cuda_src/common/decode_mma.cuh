@@ -482,26 +482,6 @@ __device__ __forceinline__ void kv_mask_v_operand(unsigned* av, const unsigned* 
     av[3] &= vm[1];
 }
 
-// One m-tile of O^T += V^T P^T: a fresh accumulator per row tile over the NPART parts of P^T
-// (bf16 for value codes, fp16 otherwise), then added to the running one in IEEE float32.
-template <int NPART>
-__device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* av,
-                                            const unsigned (*bp)[NPART][2], int acc_stride) {
-#pragma unroll
-    for (int nr = 0; nr < kvm::NR; ++nr) {
-        float t4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int k = 0; k < NPART; ++k) {
-#if KV_MMA_PV_BF16
-            kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#else
-            kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-#endif
-        }
-        kv_acc_add4(acc_mi[nr * acc_stride], t4);
-    }
-}
-
 #if KV_MMA_VCODES_F16
 // (KV_MMA_VCODES_F16) kv_acc_add4 with the rows' exact powers of two undone: C columns 2c
 // (t4[0], t4[2]) are the thread's row j = 0, 2c + 1 (t4[1], t4[3]) row 1; t4 * inv is exact
@@ -549,30 +529,55 @@ __device__ __forceinline__ void kv_w16_pow2(const float (*w)[NT], float* s, floa
     inv[0] = __uint_as_float(e0 - (14u << 23));
     inv[1] = __uint_as_float(e1 - (14u << 23));
 }
-// kv_pv_mtile with the rows' powers of two (inv[nr][j]) undone in the accumulator add.
+#endif
+
+// The PV tile's fresh accumulator t4 into the running one: an IEEE add, or with inv
+// (KV_MMA_VCODES_F16: the row tile's powers of two, inv[nr][j]) the add that undoes them.
+__device__ __forceinline__ void kv_pv_acc(float* acc, const float* t4, const float (*inv)[2],
+                                          int nr) {
+#if KV_MMA_VCODES_F16
+    if (inv != nullptr) {
+        kv_acc_fma4(acc, t4, inv[nr]);
+        return;
+    }
+#endif
+    (void)inv;
+    (void)nr;
+    kv_acc_add4(acc, t4);
+}
+
+// One m-tile of O^T += V^T P^T: a fresh accumulator per row tile over the NPART parts of P^T
+// (bf16 for value codes, fp16 otherwise and for KV_MMA_VCODES_F16), then added to the running
+// one in IEEE float32 (kv_pv_acc; inv: KV_MMA_VCODES_F16's powers of two, else nullptr).
 template <int NPART>
-__device__ __forceinline__ void kv_pv_mtile_w16(float (*acc_mi)[4], const unsigned* av,
-                                                const unsigned (*bp)[NPART][2], int acc_stride,
-                                                const float (*inv)[2]) {
+__device__ __forceinline__ void kv_pv_mtile(float (*acc_mi)[4], const unsigned* av,
+                                            const unsigned (*bp)[NPART][2], int acc_stride,
+                                            const float (*inv)[2] = nullptr) {
 #pragma unroll
     for (int nr = 0; nr < kvm::NR; ++nr) {
         float t4[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int k = 0; k < NPART; ++k) kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
-        kv_acc_fma4(acc_mi[nr * acc_stride], t4, inv[nr]);
+        for (int k = 0; k < NPART; ++k) {
+#if KV_MMA_PV_BF16
+            kv_mma_bf16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#else
+            kv_mma_f16(t4, av, bp[nr][k][0], bp[nr][k][1]);
+#endif
+        }
+        kv_pv_acc(acc_mi[nr * acc_stride], t4, inv, nr);
     }
 }
-#endif
 
 #if KVD_TILE_PAIRS
 // Tile pairs' PV of m-tile mi: tile a's and tile b's P parts into ONE fresh accumulator per
 // row tile (2 NPART mma deep), then one IEEE add into the running sum: the add keeps the
 // tensor cores' truncating adds off the large running sum, as kv_pv_mtile's does, once per
-// 32 tokens instead of once per 16.
+// 32 tokens instead of once per 16. inv: as kv_pv_mtile's (one power of two per row and pair:
+// both tiles' tokens).
 template <int NPART>
 __device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned (*av)[4],
                                              const unsigned (*bp)[kvm::NR][NPART][2],
-                                             int acc_stride) {
+                                             int acc_stride, const float (*inv)[2] = nullptr) {
 #pragma unroll
     for (int nr = 0; nr < kvm::NR; ++nr) {
         float t4[4] = {0.f, 0.f, 0.f, 0.f};
@@ -587,27 +592,9 @@ __device__ __forceinline__ void kv_pv_mtile2(float (*acc_mi)[4], const unsigned 
 #endif
             }
         }
-        kv_acc_add4(acc_mi[nr * acc_stride], t4);
+        kv_pv_acc(acc_mi[nr * acc_stride], t4, inv, nr);
     }
 }
-#if KV_MMA_VCODES_F16
-// kv_pv_mtile2 with the rows' powers of two (one per pair: both tiles' tokens) undone.
-template <int NPART>
-__device__ __forceinline__ void kv_pv_mtile2_w16(float (*acc_mi)[4], const unsigned (*av)[4],
-                                                 const unsigned (*bp)[kvm::NR][NPART][2],
-                                                 int acc_stride, const float (*inv)[2]) {
-#pragma unroll
-    for (int nr = 0; nr < kvm::NR; ++nr) {
-        float t4[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-#pragma unroll
-            for (int k = 0; k < NPART; ++k) kv_mma_f16(t4, av[h], bp[h][nr][k][0], bp[h][nr][k][1]);
-        }
-        kv_acc_fma4(acc_mi[nr * acc_stride], t4, inv[nr]);
-    }
-}
-#endif
 #endif
 
 // The online-softmax step of the warp's scores ((b) of kv_stage1_body; (b2) of the tile
@@ -1373,7 +1360,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                     kv_mma_vpair_sel(finite, vraw[0], vraw[1], mi, &av[0], &av[1]);
                     kv_mma_vpair_sel(finite, vraw[2], vraw[3], mi, &av[2], &av[3]);
 #if KV_MMA_VCODES_F16
-                    kv_pv_mtile_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+                    kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT, w16i);
 #else
                     kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
 #endif
@@ -1415,7 +1402,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                 if (v_mask) kv_mask_v_operand(av, vm);
 #endif
 #if KV_MMA_VCODES_F16
-                kv_pv_mtile_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+                kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT, w16i);
 #else
                 kv_pv_mtile<NPART>(&acc[0][mi], av, bp, MT);
 #endif

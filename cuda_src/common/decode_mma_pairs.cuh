@@ -602,7 +602,7 @@ if (pipe.slabs) {
                 kv_mma_vpair_sel(false, vraw[h][2], vraw[h][3], mi, &av[h][2], &av[h][3]);
             }
 #if KV_MMA_VCODES_F16
-            kv_pv_mtile2_w16<NPART>(&acc[0][mi], av, bp, MT, w16i);
+            kv_pv_mtile2<NPART>(&acc[0][mi], av, bp, MT, w16i);
 #else
             kv_pv_mtile2<NPART>(&acc[0][mi], av, bp, MT);
 #endif
