@@ -313,41 +313,44 @@ __host__ __device__ constexpr unsigned kv_bf16_neg_int(unsigned n) {
     return 0x8000u | ((127u + kv_ilog2_c(n)) << 7) | ((n << (7 - kv_ilog2_c(n))) & 0x7Fu);
 }
 
-// The codes in the fields MM << S of x (c0 from bits S.., c1 from bits 16 + S..; MM << S
-// selects at most 7 bits per half) -> bf16x2 of c - OFF (OFF < 128), exactly: 128 + c 2^S has
-// c 2^S in its mantissa (bf16 0x4300 | c << S), and x 2^-S - (2^(7-S) + OFF) by fma.rn.bf16x2
-// (sm_80+) is exact (S = 0 for the low code of a pair, S = bits for the high one, which
-// saves the shift down).
-template <unsigned OFF, unsigned MM, int S = 0>
-__device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
-    static_assert(((MM << S) & 0xFF80FF80u) == 0u, "codes below 128");
-    x = kv_and_or(x, MM << S, 0x43004300u);
-    constexpr unsigned MUL = 0x3F80u - (S << 7);  // bf16 2^-S
-    constexpr unsigned C = kv_bf16_neg_int((1u << (7 - S)) + OFF);
-    unsigned r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;"
-        : "=r"(r)
-        : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
-    return r;
-}
-
 // fp16 bits of -n for an integer 1 <= n < 2048 (exact: 11 significant bits).
 __host__ __device__ constexpr unsigned kv_f16_neg_int(unsigned n) {
     return 0x8000u | ((15u + kv_ilog2_c(n)) << 10) | ((n << (10 - kv_ilog2_c(n))) & 0x3FFu);
 }
-// kv_codes_bf16x2_masked's fp16 twin (TurboQuant's fp16 PV, decode_turboquant.cu KV_TQ_PV16):
-// MM << S within the 10 mantissa bits of each half, 1024 + c 2^S (fp16 0x6400 | c << S) times
-// 2^-S minus (2^(10-S) + OFF) by fma.rn.f16x2, exact. The wider mantissa takes a 4-bit pair's
-// high code where it sits (S = 4: no shift down).
+
+// The codes in the fields MM << S of x (c0 from bits S.., c1 from bits 16 + S..) -> bf16x2
+// (F16: fp16x2) of c - OFF, exactly. MM << S selects codes inside each half's mantissa (bf16:
+// 7 bits, so OFF < 128; fp16: 10): 2^MB + c 2^S has c 2^S in its mantissa (bf16 0x4300 |
+// c << S, fp16 0x6400 | c << S), and x 2^-S - (2^(MB-S) + OFF) by one fma.rn (sm_80+) is
+// exact (S = 0 for the low code of a pair, S = bits for the high one, which saves the shift
+// down; fp16's wider mantissa takes a 4-bit pair's high code where it sits, S = 4).
+template <bool F16, unsigned OFF, unsigned MM, int S>
+__device__ __forceinline__ unsigned kv_codes_x2_masked(unsigned x) {
+    constexpr int MB = F16 ? 10 : 7;  // mantissa bits
+    static_assert(((MM << S) & (F16 ? 0xFC00FC00u : 0xFF80FF80u)) == 0u,
+                  "codes inside the mantissa of each half");
+    x = kv_and_or(x, MM << S, F16 ? 0x64006400u : 0x43004300u);
+    constexpr unsigned MUL = (F16 ? 0x3C00u : 0x3F80u) - (S << MB);  // 2^-S
+    constexpr unsigned C = F16 ? kv_f16_neg_int((1u << (MB - S)) + OFF)
+                               : kv_bf16_neg_int((1u << (MB - S)) + OFF);
+    unsigned r;
+    if constexpr (F16) {
+        asm("fma.rn.f16x2 %0, %1, %2, %3;"
+            : "=r"(r)
+            : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
+    } else {
+        asm("fma.rn.bf16x2 %0, %1, %2, %3;"
+            : "=r"(r)
+            : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
+    }
+    return r;
+}
+template <unsigned OFF, unsigned MM, int S = 0>
+__device__ __forceinline__ unsigned kv_codes_bf16x2_masked(unsigned x) {
+    return kv_codes_x2_masked<false, OFF, MM, S>(x);
+}
+// The fp16 twin: TurboQuant's fp16 PV (decode_turboquant.cu KV_TQ_PV16).
 template <unsigned OFF, unsigned MM, int S = 0>
 __device__ __forceinline__ unsigned kv_codes_f16x2_masked(unsigned x) {
-    static_assert(((MM << S) & 0xFC00FC00u) == 0u, "codes inside the fp16 mantissa");
-    x = kv_and_or(x, MM << S, 0x64006400u);
-    constexpr unsigned MUL = 0x3C00u - (S << 10);  // fp16 2^-S
-    constexpr unsigned C = kv_f16_neg_int((1u << (10 - S)) + OFF);
-    unsigned r;
-    asm("fma.rn.f16x2 %0, %1, %2, %3;"
-        : "=r"(r)
-        : "r"(x), "r"(MUL | (MUL << 16)), "r"(C | (C << 16)));
-    return r;
+    return kv_codes_x2_masked<true, OFF, MM, S>(x);
 }
