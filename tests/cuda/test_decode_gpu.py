@@ -1362,18 +1362,7 @@ def test_tq_pair_addr_flags_bad_pages_as_before(cp, name, block_size, monkeypatc
                            "KVKIT_DECODE_PAIR_ADDR")  # fmt: skip
 
 
-@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2)])
-def test_tq_pair_addr_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
-                                                           monkeypatch):  # fmt: skip
-    """TurboQuant under KVKIT_DECODE_PAIR_ADDR=1: every split count within DECODE_GPU_RTOL of
-    float64 and within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
-                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=17 + group + head_dim)  # fmt: skip
-    check_against_reference(case)
+# (Its float64 check: test_tq_pair_switches_match_float64_at_every_split_count.)
 
 
 # --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_PAIR_TRIMS)
@@ -1520,18 +1509,32 @@ def test_tq_pair_switches_flag_bad_pages_as_before(cp, switch, seed, name, block
     assert_bad_pages_agree(name, block_size, block_size + seed, monkeypatch, switch)
 
 
+# Each pair-loop switch at 1 against float64 (KVKIT_DECODE_PAIR_ADDR; KVKIT_DECODE_TQ_ISSUE and
+# KVKIT_DECODE_TQ17, further below, on top of pair addresses): (switch, seed base, shapes).
+TQ_PAIR_FLOAT64_SHAPES = [(128, 4, 1), (64, 8, 1), (256, 2, 2)]
+TQ_PAIR_FLOAT64_CASES = [
+    (switch, seed, *shape)
+    for switch, seed, extra in (("KVKIT_DECODE_PAIR_ADDR", 17, []),
+                                ("KVKIT_DECODE_TQ_ISSUE", 19, []),
+                                ("KVKIT_DECODE_TQ17", 37, [(128, 8, 1)]))
+    for shape in TQ_PAIR_FLOAT64_SHAPES + extra
+]  # fmt: skip
+
+
 @pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2)])
-def test_tq_issue_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
-                                                       monkeypatch):  # fmt: skip
-    """Under KVKIT_DECODE_TQ_ISSUE=1, every split count within DECODE_GPU_RTOL of float64 and
-    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+@pytest.mark.parametrize("switch, seed, head_dim, group, q_len", TQ_PAIR_FLOAT64_CASES)
+def test_tq_pair_switches_match_float64_at_every_split_count(
+    cp, name, switch, seed, head_dim, group, q_len, monkeypatch
+):
+    """TurboQuant with pair addresses and ``switch``=1, tile pairs pinned on: every split count
+    within DECODE_GPU_RTOL of float64 and within SPLIT_INVARIANCE_RTOL of each other, with sinks
+    and a soft-cap."""
     monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    monkeypatch.setenv("KVKIT_DECODE_TQ_ISSUE", "1")
+    monkeypatch.setenv(switch, "1")
     monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")  # (short splits too, split_builds.py)
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=19 + group + head_dim)  # fmt: skip
+                seed=seed + group + head_dim)  # fmt: skip
     check_against_reference(case)
 
 
@@ -2042,23 +2045,8 @@ def test_tq17_with_the_token_orders_at_head_dim_256(cp, name, order, monkeypatch
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ17", "1", "0")
 
 
-# (Its page-window refills and bad pages: test_tq_pair_switches_*, with KVKIT_DECODE_TQ_ISSUE.)
-
-
-@pytest.mark.parametrize("name", TQ_PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("head_dim, group, q_len", [(128, 4, 1), (64, 8, 1), (256, 2, 2),
-                                                    (128, 8, 1)])  # fmt: skip
-def test_tq17_matches_float64_at_every_split_count(cp, name, head_dim, group, q_len,
-                                                   monkeypatch):  # fmt: skip
-    """Under KVKIT_DECODE_TQ17=1, every split count within DECODE_GPU_RTOL of float64 and
-    within SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    monkeypatch.setenv("KVKIT_DECODE_TQ17", "1")
-    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")  # (short splits too, split_builds.py)
-    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=64,
-                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=37 + group + head_dim)  # fmt: skip
-    check_against_reference(case)
+# (Its page-window refills, bad pages and float64 check: test_tq_pair_switches_*, with
+# KVKIT_DECODE_TQ_ISSUE.)
 
 
 # --- TurboQuant's PV on fp16 mma (KVKIT_DECODE_TQ_PV16, decode_turboquant.cu KV_TQ_PV16) -----
