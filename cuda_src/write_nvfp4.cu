@@ -72,6 +72,11 @@
 #if KV_NVFP4_46_VARIANT != 0 && KV_NVFP4_46_VARIANT != 1
 #error "KV_NVFP4_46_VARIANT must be 0 or 1"
 #endif
+// KV_WRITE_EARLY (kvkit.cuda.write.write_early_loads passes it, from KVKIT_WRITE_EARLY_LOADS):
+// 1 issues the K / V loads beside the slot's load; 0 after the slot's test (the order before).
+#ifndef KV_WRITE_EARLY
+#define KV_WRITE_EARLY 1
+#endif
 #if KV_NVFP4_FOUR_OVER_SIX && KV_NVFP4_46_VARIANT == 1 && !defined(KV_NVFP4_46_MARGIN)
 #error "4over6 variant 1 needs KV_NVFP4_46_MARGIN / _DEN_LO / _DEN_HI (fmt.cuda_defines())"
 #endif
@@ -428,18 +433,27 @@ extern "C" __global__ __launch_bounds__(KV_WRITE_NVFP4_THREADS, KV_WRITE_NVFP4_M
     int h;
     kv_row_token_head(row, KvUDiv{n_heads, heads_m, heads_s1, heads_s2}, narrow, &t, &h);
     const long long slot = (long long)slot_mapping[t];
+    // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
+    constexpr int NW = KvInputWords<KV_IN_DTYPE, 16>::n;  // words of one block
+    unsigned int kw[KV_NVFP4_BPT * NW], vw[KV_NVFP4_BPT * NW];
+#if KV_WRITE_EARLY
+    // ... and issued beside the slot's load (their addresses need the row only), where the
+    // test of the slot kept them a memory round trip behind it; a padding row's loads are wasted.
+    const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(k, src, kw);
+    kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(v, src, vw);
+#endif
     if (slot < 0) return;
     if (slot >= capacity) {
         if (h == 0 && b == 0) atomicOr(error_flag, 1);
         return;
     }
     kv_slot_page(slot, KvUDiv{block_size, bs_m, bs_s1, bs_s2}, narrow, &blk, &off);
+#if !KV_WRITE_EARLY
     const long long src = row * KV_HEAD_DIM + b * KV_NVFP4_BLOCK;
-    // K's and V's loads both before any arithmetic: one memory wait per thread, not two.
-    constexpr int NW = KvInputWords<KV_IN_DTYPE, 16>::n;  // words of one block
-    unsigned int kw[KV_NVFP4_BPT * NW], vw[KV_NVFP4_BPT * NW];
     kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(k, src, kw);
     kv_load_input_words<KV_IN_DTYPE, 16 * KV_NVFP4_BPT>(v, src, vw);
+#endif
     unsigned int w[KV_NVFP4_BPT][2], sfc[KV_NVFP4_BPT];
     float x[16];
 #pragma unroll

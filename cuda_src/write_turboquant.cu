@@ -77,6 +77,12 @@
 // branch for all row pieces; 4 = 3 with codes packed by windows where a plane's 16-bit units
 // each lie in two neighbouring lanes' pieces (kv_tq_store_codes_window: 3-bit codes at D = 128
 // and 256, 4-bit at D = 64) and the exact key fallback dividing in place.
+// KV_WRITE_EARLY (kvkit/cuda/write.py write_early_loads, KVKIT_WRITE_EARLY_LOADS): 1 issues the
+// slot's load and the K / V loads together and stages the tables while they are in flight (the
+// register body); 0 is the order before (tables and barrier, slot, then the inputs).
+#ifndef KV_WRITE_EARLY
+#error "write_turboquant.cu needs KV_WRITE_EARLY from the launcher"
+#endif
 #ifndef TQ_VARIANT
 #error "write_turboquant.cu needs TQ_VARIANT from the launcher"
 #endif
@@ -950,8 +956,45 @@ __device__ __forceinline__ void kv_tq_rows(const unsigned int (&kw)[TQ_RPW][KvIn
 
 #endif
 
-// The row / slot prologue of both kernel bodies: row = token * H + head; its slot from
-// slot_mapping; false for a row past the end, a negative slot, or a slot >= capacity (then
+// The row / slot prologue of the register body under KV_WRITE_EARLY, in two parts so that the
+// input loads go between them (kv_tq_row_slot below is both at once, in the order before).
+// kv_tq_row_token: row = token * H + head; false for a row past the end, else *h and the slot
+// from slot_mapping in *slot. kv_tq_slot_page: false for a negative slot or a slot >= capacity
+// (then error_flag |= 1, once per token: by lane 0 of head 0's row), else *blk, *off: the page
+// and offset of the slot.
+__device__ __forceinline__ bool kv_tq_row_token(long long row, bool narrow, long long n_tokens, int n_heads,
+                                                const KV_SLOT_T* __restrict__ slot_mapping,
+                                                const KvUDiv& heads, int* h, long long* slot) {
+    const bool in_range = row < n_tokens * n_heads;
+    *slot = -1;
+    if (in_range) {
+        long long t = 0;
+#if TQ_VARIANT >= 1
+        kv_row_token_head(row, heads, narrow, &t, h);
+#else
+        kv_row_token_head(row, n_heads, narrow, &t, h);
+#endif
+        *slot = (long long)slot_mapping[t];
+    }
+    return in_range;
+}
+__device__ __forceinline__ bool kv_tq_slot_page(long long slot, int p, int h, bool narrow, long long capacity,
+                                                int block_size, int* __restrict__ error_flag,
+                                                const KvUDiv& bs, long long* blk, long long* off) {
+    if (slot >= capacity) {
+        if (p == 0 && h == 0) atomicOr(error_flag, 1);
+        slot = -1;
+    }
+    if (slot < 0) return false;  // row-uniform
+#if TQ_VARIANT >= 1
+    kv_slot_page(slot, bs, narrow, blk, off);
+#else
+    kv_slot_page(slot, block_size, narrow, blk, off);
+#endif
+    return true;
+}
+// The row / slot prologue of both kernel bodies (the register body's under KV_WRITE_EARLY = 0):
+// row = token * H + head; its slot from slot_mapping; false for a row past the end, a negative slot, or a slot >= capacity (then
 // error_flag |= 1, once per token: by lane 0 of head 0's row). Else *h, *blk, *off: the head,
 // page and offset of the slot. TQ_VARIANT >= 1 divides by the host's magic numbers (paged.cuh
 // KvUDiv: five instructions where a 32-bit division by a run-time divisor takes about twenty).
@@ -985,6 +1028,43 @@ __device__ __forceinline__ bool kv_tq_row_slot(long long row, int p, long long n
     return true;
 }
 
+// The shared-memory tables of the MSE keys, staged by the CTA, then a barrier.
+#if !TQ_KEY_FP8 && TQ_BKT
+__device__ __forceinline__ void kv_tq_fill_tables(KvTqCell* s_cell) {
+#pragma unroll
+    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
+        const int i = i0 + (int)threadIdx.x;
+        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
+    }
+    __syncthreads();
+}
+#elif !TQ_KEY_FP8
+__device__ __forceinline__ void kv_tq_fill_tables(float* s_cent, float* s_mid) {
+    if (threadIdx.x < TQ_NUM_CENTROIDS) {
+        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
+        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
+                                                                : __uint_as_float(0x7FC00000u);
+    }
+    __syncthreads();
+}
+#endif
+
+// The slot's address (slots when the row is not active).
+__device__ __forceinline__ unsigned char* kv_tq_slot_dst(bool active, unsigned char* slots, long long blk, int h,
+                                                         long long off, long long s_stride_block,
+                                                         long long s_stride_head, long long s_stride_token) {
+#if TQ_VARIANT >= 3
+    // 0 <= h < H and 0 <= off < block_size: their products as unsigned 32 x 64-bit multiplies
+    // (the same bits mod 2^64 for any stride sign), without the sign extensions of signed ones.
+    return active ? slots + blk * s_stride_block
+                                      + (long long)((unsigned long long)(unsigned)h * (unsigned long long)s_stride_head)
+                                      + (long long)((unsigned long long)(unsigned)off * (unsigned long long)s_stride_token)
+                                : slots;
+#else
+    return active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
+#endif
+}
+
 extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write_turboquant(
     const void* __restrict__ k,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
     const void* __restrict__ v,                  // (N, H, D) KV_IN_DTYPE, C-contiguous
@@ -1009,24 +1089,19 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     // The cell table in shared memory (per-lane cells; a constant-memory lookup would
     // serialize over distinct addresses).
     __shared__ KvTqCell s_cell[TQ_BKT_CELLS];
-#pragma unroll
-    for (int i0 = 0; i0 < TQ_BKT_CELLS; i0 += TQ_WARPS * 32) {
-        const int i = i0 + (int)threadIdx.x;
-        if (i < TQ_BKT_CELLS) s_cell[i] = kTqCells[i];
-    }
-    __syncthreads();
+#define TQ_FILL_TABLES() kv_tq_fill_tables(s_cell)
 #elif !TQ_KEY_FP8
     // Codebook in shared memory: per-lane indices hit distinct banks (<= 16 entries), where a
     // constant-memory lookup would serialize and a register select chain costs registers.
     __shared__ float s_cent[TQ_NUM_CENTROIDS];
     // The midpoints padded with a NaN to 2^b entries, for the binary search below.
     __shared__ float s_mid[TQ_NUM_CENTROIDS];
-    if (threadIdx.x < TQ_NUM_CENTROIDS) {
-        s_cent[threadIdx.x] = kTqCentroids[threadIdx.x];
-        s_mid[threadIdx.x] = threadIdx.x < TQ_NUM_CENTROIDS - 1 ? kTqMidpoints[threadIdx.x]
-                                                                : __uint_as_float(0x7FC00000u);
-    }
-    __syncthreads();
+#define TQ_FILL_TABLES() kv_tq_fill_tables(s_cent, s_mid)
+#else
+#define TQ_FILL_TABLES() ((void)0)
+#endif
+#if !KV_WRITE_EARLY
+    TQ_FILL_TABLES();
 #endif
     const int lane = threadIdx.x & 31;
     const int g = lane / L;  // this lane's row in the warp
@@ -1034,21 +1109,26 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
     const long long row = ((long long)blockIdx.x * TQ_WARPS + (threadIdx.x >> 5)) * R + g;
     long long blk = 0, off = 0;
     int h = 0;
+#if KV_WRITE_EARLY
+    // The slot's load and the K / V loads are issued together (the inputs' addresses need the
+    // row only), and the tables are staged while they are in flight: one wait for memory per
+    // row group where the slot, then the inputs, then the barrier took their turns. Rows in
+    // range with a padding or bad slot load their (real) inputs, compute on them and store
+    // nothing, as rows past the end do on zeros.
+    const bool narrow = kv_write_indices_narrow(n_tokens, n_heads, capacity);
+    long long slot;
+    const bool loadable = kv_tq_row_token(row, narrow, n_tokens, n_heads, slot_mapping,
+                                          KvUDiv{n_heads, heads_m, heads_s1, heads_s2}, &h, &slot);
+    const long long src = loadable ? row * KV_HEAD_DIM : 0;
+#else
     const bool active = kv_tq_row_slot(row, p, n_tokens, n_heads, capacity, block_size, slot_mapping, error_flag,
                                        KvUDiv{n_heads, heads_m, heads_s1, heads_s2},
                                        KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &h, &blk, &off);
-#if TQ_VARIANT >= 3
-    // 0 <= h < H and 0 <= off < block_size: their products as unsigned 32 x 64-bit multiplies
-    // (the same bits mod 2^64 for any stride sign), without the sign extensions of signed ones.
-    unsigned char* dst = active ? slots + blk * s_stride_block
-                                      + (long long)((unsigned long long)(unsigned)h * (unsigned long long)s_stride_head)
-                                      + (long long)((unsigned long long)(unsigned)off * (unsigned long long)s_stride_token)
-                                : slots;
-#else
-    unsigned char* dst = active ? slots + blk * s_stride_block + h * s_stride_head + off * s_stride_token : slots;
-#endif
+    unsigned char* dst = kv_tq_slot_dst(active, slots, blk, h, off, s_stride_block, s_stride_head, s_stride_token);
     const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
+    const bool loadable = active;
     const long long src = active ? row * KV_HEAD_DIM : 0;
+#endif
     // Both inputs' loads are issued before any arithmetic, so a warp waits for memory once
     // per row group instead of once for K and again for V (the V words cost W registers).
     // A lane's pieces are CHUNK bytes at multiples of CHUNK from the row's start (D * size =
@@ -1063,16 +1143,16 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
         ((reinterpret_cast<unsigned long long>(k) | reinterpret_cast<unsigned long long>(v)) & (ALIGN - 1)) == 0;
     unsigned int kw[R][W], vw[R][W];
 #if TQ_VARIANT >= 3
-    // One branch per lane for all R pieces (active and aligned do not depend on r), where a
+    // One branch per lane for all R pieces (loadable and aligned do not depend on r), where a
     // branch per piece cost a BSSY / BSYNC pair and a test each.
-    if (active && aligned) {
+    if (loadable && aligned) {
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const long long i = src + (p + L * r) * TQ_E;
             kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
             kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
         }
-    } else if (active) {  // base pointers below ALIGN (views at odd element offsets)
+    } else if (loadable) {  // base pointers below ALIGN (views at odd element offsets)
 #pragma unroll
         for (int r = 0; r < R; ++r) {
             const long long i = src + (p + L * r) * TQ_E;
@@ -1089,10 +1169,10 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
 #pragma unroll
     for (int r = 0; r < R; ++r) {
         const long long i = src + (p + L * r) * TQ_E;
-        if (active && aligned) {
+        if (loadable && aligned) {
             kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(k, i, kw[r]);
             kv_load_input_words_aligned<KV_IN_DTYPE, TQ_E, ALIGN>(v, i, vw[r]);
-        } else if (active) {
+        } else if (loadable) {
             kv_load_input_words<KV_IN_DTYPE, TQ_E>(k, i, kw[r]);
             kv_load_input_words<KV_IN_DTYPE, TQ_E>(v, i, vw[r]);
         } else {
@@ -1100,6 +1180,14 @@ extern "C" __global__ __launch_bounds__(TQ_WARPS * 32, TQ_CTAS) void kvkit_write
             for (int j = 0; j < W; ++j) kw[r][j] = vw[r][j] = 0u;  // +0 in every input dtype
         }
     }
+#endif
+
+#if KV_WRITE_EARLY
+    TQ_FILL_TABLES();
+    const bool active = loadable && kv_tq_slot_page(slot, p, h, narrow, capacity, block_size, error_flag,
+                                                    KvUDiv{block_size, bs_m, bs_s1, bs_s2}, &blk, &off);
+    unsigned char* dst = kv_tq_slot_dst(active, slots, blk, h, off, s_stride_block, s_stride_head, s_stride_token);
+    const bool even = (reinterpret_cast<unsigned long long>(dst) & 1ull) == 0;
 #endif
 
     // Slot stores are 16-bit when the slot's address is even (always, unless a plane is a byte

@@ -96,7 +96,7 @@ KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT
               "KVKIT_DECODE_PDL_TRIGGER",
               "KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT",
               "KVKIT_WRITE_NVFP4_BPT", "KVKIT_WRITE_NVFP4_46_VARIANT",
-              "KVKIT_WRITE_DENSE_VARIANT")  # fmt: skip
+              "KVKIT_WRITE_DENSE_VARIANT", "KVKIT_WRITE_EARLY_LOADS")  # fmt: skip
 
 
 # CPython's os.environ keeps its variables in a dict of encoded names and values (os._Environ

@@ -86,11 +86,33 @@ NVFP4_46_VARIANTS = (0, 1)
 NVFP4_46_VARIANT_DEFAULT = 1
 
 
+#: The NVFP4 and TurboQuant writes' load order (their ``KV_WRITE_EARLY`` define;
+#: KVKIT_WRITE_EARLY_LOADS): 1 issues a row's K / V loads beside its slot's load (and, in the
+#: TurboQuant kernel, stages the shared tables while they are in flight); 0 keeps them behind the
+#: slot's test and the tables' barrier, a memory round trip later. The same bytes either way.
+#: Measured on the H200 (session 19, scripts/write_ab.py, 6 rounds, 4M token-heads of fp16, ms
+#: per call 0 -> 1): 4bit_nc 1.209 -> 1.169, 3bit_nc 1.208 -> 1.189, k3v4_nc 1.194 -> 1.180,
+#: nvfp4 0.734 -> 0.722, nvfp4_4over6 1.311 -> 1.311 (issue-bound), k8v4 0.941 -> 0.958 (FP8
+#: keys, 16 CTAs of two-row warps per SM: no gain, so 0 there).
+WRITE_EARLY_LOADS = (0, 1)
+
+
+def write_early_loads(fmt: Format) -> int:
+    """``KV_WRITE_EARLY`` of the NVFP4 and TurboQuant write kernels for ``fmt``:
+    KVKIT_WRITE_EARLY_LOADS (0 or 1) when set, else 1 except for FP8-key TurboQuant presets."""
+    override = _env_int("KVKIT_WRITE_EARLY_LOADS", WRITE_EARLY_LOADS)
+    if override is not None:
+        return override
+    return 0 if isinstance(fmt, TurboQuantFormat) and fmt.key_kind == "fp8" else 1
+
+
 def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_nvfp4`` beyond ``fmt.cuda_defines()`` for the
-    KV_IN_DTYPE code ``in_dtype``: ``KV_NVFP4_BPT`` (nvfp4_blocks_per_thread) and, for 4over6,
-    ``KV_NVFP4_46_VARIANT`` (NVFP4_46_VARIANTS; plain NVFP4 builds do not depend on it)."""
-    d = {"KV_NVFP4_BPT": str(nvfp4_blocks_per_thread(fmt, in_dtype))}
+    KV_IN_DTYPE code ``in_dtype``: ``KV_NVFP4_BPT`` (nvfp4_blocks_per_thread),
+    ``KV_WRITE_EARLY`` (write_early_loads) and, for 4over6, ``KV_NVFP4_46_VARIANT``
+    (NVFP4_46_VARIANTS; plain NVFP4 builds do not depend on it)."""
+    d = {"KV_NVFP4_BPT": str(nvfp4_blocks_per_thread(fmt, in_dtype)),
+         "KV_WRITE_EARLY": str(write_early_loads(fmt))}  # fmt: skip
     if fmt.four_over_six:
         override = _env_int("KVKIT_WRITE_NVFP4_46_VARIANT", NVFP4_46_VARIANTS)
         d["KV_NVFP4_46_VARIANT"] = str(NVFP4_46_VARIANT_DEFAULT if override is None else override)
@@ -260,7 +282,8 @@ def tq_variant(fmt: TurboQuantFormat) -> int:
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
     ``TQ_VARIANT`` (tq_variant), ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` /
-    ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE code ``in_dtype``), ``TQ_NEAR_VALUE`` and,
+    ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE code ``in_dtype``), ``KV_WRITE_EARLY``
+    (write_early_loads), ``TQ_NEAR_VALUE`` and,
     for MSE keys whose codebook has a cell table
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1``, the table and
     ``TQ_NEAR_KEY``; without one the kernel searches the midpoints."""
@@ -270,6 +293,7 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_RPW": str(tq_rows_per_warp(fmt)),
         "TQ_MIN_CTAS": str(others),
         "TQ_MIN_CTAS_SM90": str(sm90),
+        "KV_WRITE_EARLY": str(write_early_loads(fmt)),
         "TQ_NEAR_VALUE": cuda_float(TQ_NEAR_VALUE),
         "TQ_RINT_MAGIC": cuda_float(BKT_MAGIC),
         "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",

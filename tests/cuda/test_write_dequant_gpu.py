@@ -784,3 +784,42 @@ def test_turboquant_variant_5_equals_default_on_gaussian_rows(name, monkeypatch)
         got[variant] = plane_bytes(gpu)
     for pname in got[""]:
         assert np.array_equal(got[""][pname], got["5"][pname]), pname
+
+
+# --- Load order of the NVFP4 / TurboQuant writes (KVKIT_WRITE_EARLY_LOADS; kvkit/cuda/write.py) ---
+@pytest.mark.gpu
+@pytest.mark.parametrize("early", ["0", "1"])
+@pytest.mark.parametrize("in_dtype", ["float16", "float32"])
+@pytest.mark.parametrize(
+    "name", ["nvfp4", "nvfp4_4over6"] + [n for n in formats.names() if n.startswith("turboquant")]
+)
+def test_load_order_equals_numba_around_bad_slots(name, in_dtype, early, monkeypatch):
+    """KVKIT_WRITE_EARLY_LOADS 0 (inputs loaded after the slot's test) and 1 (beside the slot's
+    load: rows with a padding or bad slot then compute on their real inputs) write the Numba
+    backend's bytes for the good rows, nothing for the others, and flag the bad slots: 203 rows
+    (a partial last CTA), every fifth slot padding, two beyond the cache, in warps and CTAs that
+    mix them with good rows."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", early)
+    d, heads, bs = 128, 2, 16
+    fmt = formats.get(name, d)
+    n = 203
+    nb = -(-n // bs) + 1
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=17)
+    rng = np.random.default_rng(23)
+    k32 = (rng.standard_normal((n, heads, d)) * 3.0).astype(np.float32)
+    v32 = (rng.standard_normal((n, heads, d)) * 0.5).astype(np.float32)
+    k_in, v_in = k32, v32
+    if in_dtype == "float16":
+        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
+    slots[::5] = -1
+    slots[[7, 130]] = [nb * bs, nb * bs + 1000]
+    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
+    assert int(gpu.error_flag.get()[0]) & 1
+    cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
+    assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype} early={early}")

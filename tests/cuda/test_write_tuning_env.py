@@ -10,6 +10,7 @@ from kvkit import formats
 from kvkit.cuda.write import (
     TQ_VARIANT_DEFAULT,
     TQ_VARIANTS,
+    nvfp4_launch_defines,
     tq_launch_defines,
     tq_min_ctas,
     tq_rows_per_warp,
@@ -22,6 +23,7 @@ def _no_overrides(monkeypatch):
     monkeypatch.delenv("KVKIT_WRITE_TQ_RPW", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_TQ_MIN_CTAS", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
+    monkeypatch.delenv("KVKIT_WRITE_EARLY_LOADS", raising=False)
 
 
 def test_defaults_follow_head_dim_and_input_dtype():
@@ -153,9 +155,10 @@ def test_nvfp4_46_variant_default_and_override(monkeypatch):
     monkeypatch.delenv("KVKIT_WRITE_NVFP4_46_VARIANT", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_NVFP4_BPT", raising=False)
     assert NVFP4_46_VARIANT_DEFAULT == 1
-    assert nvfp4_launch_defines(nv46, "1") == {"KV_NVFP4_BPT": "2", "KV_NVFP4_46_VARIANT": "1"}
+    assert nvfp4_launch_defines(nv46, "1") == {
+        "KV_NVFP4_BPT": "2", "KV_WRITE_EARLY": "1", "KV_NVFP4_46_VARIANT": "1"}  # fmt: skip
     assert nvfp4_launch_defines(nv46, "0")["KV_NVFP4_BPT"] == "1"
-    assert nvfp4_launch_defines(nv, "1") == {"KV_NVFP4_BPT": "2"}
+    assert nvfp4_launch_defines(nv, "1") == {"KV_NVFP4_BPT": "2", "KV_WRITE_EARLY": "1"}
     monkeypatch.setenv("KVKIT_WRITE_NVFP4_46_VARIANT", "0")
     assert nvfp4_launch_defines(nv46, "2")["KV_NVFP4_46_VARIANT"] == "0"
     assert "KV_NVFP4_46_VARIANT" not in nvfp4_launch_defines(nv, "2")
@@ -166,3 +169,21 @@ def test_nvfp4_46_variant_default_and_override(monkeypatch):
     d = nv46.cuda_defines()
     assert float(d["KV_NVFP4_46_MARGIN"][:-1]) == arch_models.NVFP4_46_MARGIN
     assert "KV_NVFP4_46_MARGIN" not in nv.cuda_defines()
+
+
+def test_load_order_defaults_and_override(monkeypatch):
+    """KV_WRITE_EARLY: 1 for NVFP4 and the codebook presets, 0 for FP8 keys (measured no
+    gain there); KVKIT_WRITE_EARLY_LOADS sets it for both kernels and rejects other values."""
+    mse, k8v4 = formats.get("turboquant_4bit_nc", 128), formats.get("turboquant_k8v4", 128)
+    nv = formats.get("nvfp4_4over6", 64)
+    assert tq_launch_defines(mse, "1")["KV_WRITE_EARLY"] == "1"
+    assert tq_launch_defines(k8v4, "1")["KV_WRITE_EARLY"] == "0"
+    assert nvfp4_launch_defines(nv, "1")["KV_WRITE_EARLY"] == "1"
+    monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", "0")
+    assert tq_launch_defines(mse, "2")["KV_WRITE_EARLY"] == "0"
+    assert nvfp4_launch_defines(nv, "0")["KV_WRITE_EARLY"] == "0"
+    monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", "1")
+    assert tq_launch_defines(k8v4, "1")["KV_WRITE_EARLY"] == "1"
+    monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", "2")
+    with pytest.raises(ValueError, match="KVKIT_WRITE_EARLY_LOADS"):
+        nvfp4_launch_defines(nv, "1")
