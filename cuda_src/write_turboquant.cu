@@ -52,7 +52,7 @@
 #endif
 
 // __launch_bounds__(.., TQ_CTAS): launch defines from kvkit/cuda/write.py tq_min_ctas,
-// TQ_MIN_CTAS_SM90 on sm_90 (the H200-measured best: 8 for MSE keys, 16 for FP8 keys with fp16
+// TQ_MIN_CTAS_SM90 on sm_90 (the H200-measured best: 9 for MSE keys, 16 for FP8 keys with fp16
 // inputs) and TQ_MIN_CTAS elsewhere (6 / 8: the largest caps that spill on no target), for
 // 16-bit inputs at D <= 128: the write waits on memory latency, and more rows in flight per SM
 // beat fewer instructions per row. Else 1, since a larger minimum made ptxas cap registers

@@ -122,13 +122,16 @@ def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
 #: TurboQuant write launch choices measured on an H200 (sm_90) at 4M token-heads, fp16 inputs,
 #: D = 128 (BENCHMARKS.md session 9, scripts/write_sweep.sh): the write waits on latency, so
 #: rows in flight per SM beat instructions per row. MSE keys: 4 rows per warp with registers
-#: capped for 8 CTAs (64 registers, 128 rows per SM) beat 6 CTAs (80 registers) by 7-9%.
+#: capped for 8 CTAs (64 registers, 128 rows per SM) beat 6 CTAs (80 registers) by 7-9%; with
+#: the inputs loaded beside the slot (KV_WRITE_EARLY, session 19, scripts/write_ab.py, 8 rounds)
+#: 9 CTAs (56 registers) beat 8 by 1.8% (4bit_nc), 3.9% (3bit_nc), 3.1% (k3v4_nc); 10 (48
+#: registers) by 2.0 / 2.9 / 0.8%; 2 rows per warp at 12 or 16 CTAs lost 15-26%.
 #: FP8 keys (k8v4): 2 rows per warp at 16 CTAs (32 registers) beat 4 rows at 6 CTAs by 25%.
 #: On other targets these caps spill a few bytes somewhere (ptxas: sm_80 / sm_86 / sm_120a
 #: for MSE at 8, sm_80 / sm_90 for bf16 inputs of k8v4 at 16), so they get the next setting
 #: that builds clean everywhere (unmeasured there: no such GPU here).
 _TQ_MIN_CTAS_MSE = 6  # every target: 80 registers, no spill
-_TQ_MIN_CTAS_MSE_SM90 = 8
+_TQ_MIN_CTAS_MSE_SM90 = 9  # session 19, under KV_WRITE_EARLY: 56 registers, no spill
 _TQ_MIN_CTAS_FP8K = 8  # every target, both 16-bit inputs: <= 48 registers, no spill
 _TQ_MIN_CTAS_FP8K_SM90_F16 = 16
 

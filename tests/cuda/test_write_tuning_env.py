@@ -29,13 +29,13 @@ def _no_overrides(monkeypatch):
 def test_defaults_follow_head_dim_and_input_dtype():
     fmt = formats.get("turboquant_4bit_nc", 128)
     assert tq_rows_per_warp(fmt) == 4
-    assert tq_min_ctas(fmt, "1") == (6, 8)  # (other targets, sm_90)
+    assert tq_min_ctas(fmt, "1") == (6, 9)  # (other targets, sm_90)
     assert tq_min_ctas(fmt, "0") == (1, 1)  # float32 inputs: no register cap
     assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == (1, 1)
     assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
     defines = tq_launch_defines(fmt, "1")
     assert (defines["TQ_RPW"], defines["TQ_MIN_CTAS"], defines["TQ_MIN_CTAS_SM90"]) == (
-        "4", "6", "8")  # fmt: skip
+        "4", "6", "9")  # fmt: skip
 
 
 def test_fp8_keys_take_two_rows_per_warp_and_more_ctas():
