@@ -76,7 +76,7 @@ class DecodePlan:
 
             if num_splits is None:
                 self.num_splits = cuda_decode.plan_splits(
-                    layer, q_dtype, batch, q_len, num_heads, max_blocks
+                    layer, q_dtype, batch, q_len, num_heads, max_blocks, softcap
                 )
             if sinks is not None:  # converted once here: run must not allocate
                 import cupy

@@ -103,6 +103,15 @@
 // The mma core keeps D / 8 accumulator floats per thread and row tile of 8 query rows: four
 // 128-thread CTAs per SM (<= 128 registers) with one row tile, two with two; D = 256 (one
 // row tile, 64 floats, like two row tiles at D = 128) two.
+// KV_SOFTCAP (kvkit/cuda/decode.py _stage1_for): 1 (the default) builds the soft-cap's tanh
+// into the score loops; 0 leaves it out, for decodes without a soft-cap (the launcher never
+// runs a 0 build with softcap > 0). The tanh, inlined once per score a thread holds (8 in
+// NVFP4's tile-pair loop at D = 128, ~280 instructions), sat in the hot loops' code although
+// never run there: Nsight Compute put 21% of NVFP4's stall samples at (64, 8192) on
+// instruction fetch (no_inst), with the pair loop spanning 1725 instructions for ~854 run.
+#ifndef KV_SOFTCAP
+#define KV_SOFTCAP 1
+#endif
 #if defined(KVKIT_DECODE_MIN_BLOCKS)
 // The launcher's override (KVKIT_DECODE_MIN_BLOCKS, kvkit/cuda/decode.py; A/B runs).
 #define KVD_MIN_BLOCKS KVKIT_DECODE_MIN_BLOCKS
@@ -2172,7 +2181,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
                         float sx = kv_neg_inf();
                         if (vis[u]) {
                             sx = p_s[r * PSTR + t] * scale;
-                            if (softcap > 0.f) sx = softcap * tanhf(sx / softcap);
+                            if (KV_SOFTCAP && softcap > 0.f) sx = softcap * tanhf(sx / softcap);
                         }
                         sv[u] = sx;
                         mx = fmaxf(mx, sx);

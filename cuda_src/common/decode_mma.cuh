@@ -1181,7 +1181,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #pragma unroll
                     for (int tt = 0; tt < 2; ++tt) {
                         float x = sc[nr][2 * tt + j] * km[tt] * rsc[nr][j];
-                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
+                        if (KV_SOFTCAP && softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
                         p[nr][j][tt] = x;
                     }
                 }

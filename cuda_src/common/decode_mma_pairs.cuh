@@ -334,7 +334,7 @@ if (pipe.slabs) {
 #pragma unroll
                     for (int tt = 0; tt < 2; ++tt) {
                         float x = sc[h][nr][2 * tt + j] * km[h][tt] * rsc[nr][j];
-                        if (softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
+                        if (KV_SOFTCAP && softcap > 0.f) x = (softcap * KV_LOG2E) * tanhf(x * KV_LN2 / softcap);
                         p[nr][j][2 * h + tt] = x;
                     }
                 }

@@ -60,7 +60,9 @@ environment wins. On sm_90+ stage 2 is launched with programmatic stream seriali
 (its CTAs are scheduled while stage 1 drains and wait for it by griddepcontrol);
 ``KVKIT_DECODE_PDL=0`` launches it the ordinary way and ``KVKIT_DECODE_PDL_TRIGGER=0`` / ``1``
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
-(A/B runs). ``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim
+(A/B runs). A decode without a soft-cap runs a stage-1 build without the soft-cap's tanh in
+its loops (``KV_SOFTCAP=0``: smaller loop code, the same bits);
+``KVKIT_DECODE_SOFTCAP_BUILDS=0`` runs the soft-cap build for every decode (A/B runs). ``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim
 128 on sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the
 default for the codebook-key presets; k8v4 measured slower with them), and
 ``KVKIT_DECODE_TQ_SLABS64=0`` / ``1`` below head_dim 128 cp.async / warp slabs (the default,
@@ -475,12 +477,14 @@ _FAMILY_SWITCHES = (
 
 def _stage1_for(
     fmt, entry: str, kname: str, in_define: str, group: int, q_len: int,
-    auto: tuple[tuple[str, str], ...] = (),
+    auto: tuple[tuple[str, str], ...] = (), softcap: bool = True,
 ):  # fmt: skip
     """(kernel, shared bytes, threads, tile tokens, loop flags) of the stage-1 build for these
     shapes and the decode switches of the environment; ``auto``: (switch, value) pairs of
     ``_FAMILY_SWITCHES`` the launcher picks (``kvkit.cuda.split_builds``), each applied only
-    where the environment leaves that switch unset."""
+    where the environment leaves that switch unset. ``softcap``: whether the decode has a
+    soft-cap; a build for one without it leaves the tanh out of its loops (``KV_SOFTCAP=0``)
+    unless ``KVKIT_DECODE_SOFTCAP_BUILDS=0`` (one build for both, the build before; A/B)."""
     import cupy
 
     simt = os.environ.get("KVKIT_DECODE_SIMT", "") == "1"
@@ -499,10 +503,11 @@ def _stage1_for(
         raise ValueError(f"KVKIT_DECODE_STAGE_KB={stage_kb!r}: want an integer in [8, 200]")
     min_blocks = _env_choice("KVKIT_DECODE_MIN_BLOCKS", tuple("12345678"))
     pdl_trigger = _env_choice("KVKIT_DECODE_PDL_TRIGGER", ("0", "1"))
+    softcap_code = softcap or _env_choice("KVKIT_DECODE_SOFTCAP_BUILDS", ("0", "1")) == "0"
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
         group, q_len, simt, stage_kb, mask_all, no_runs, row_runs, min_blocks, pdl_trigger,
-        switches,
+        switches, softcap_code,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -523,6 +528,9 @@ def _stage1_for(
         # Where stage 1 lets a programmatic stage 2 be scheduled: 0 CTA start, 1 last tile
         # (the default; decode_core.cuh KVD_PDL_TRIGGER; A/B runs).
         defines["KVD_PDL_TRIGGER"] = pdl_trigger
+    if not softcap_code:
+        # No soft-cap: its tanh out of the score loops (decode_core.cuh KV_SOFTCAP).
+        defines["KV_SOFTCAP"] = "0"
     if mask_all:
         # No fully-visible-tile fast path in the tensor-core softmax (bitwise A/B tests).
         defines["KVKIT_DECODE_MASK_ALL"] = "1"
@@ -614,13 +622,16 @@ _CP_PAIRS_FALLBACK = (("KVKIT_DECODE_CP_ASYNC_V2", "2"),)
 _cp_pairs_pick: dict[int, tuple] = {}
 
 
-def _stage1_default(fmt, entry: str, kname: str, in_define: str, group: int, q_len: int):
+def _stage1_default(
+    fmt, entry: str, kname: str, in_define: str, group: int, q_len: int, softcap: bool = True
+):
     """(build, auto) of ``_stage1_for`` for these shapes before the split-length rule: the
     default build, or, on targets without bulk copies whose default is the tile-pair loop, the
     page-window build (``_CP_PAIRS_FALLBACK``) where the pairs' larger stages fit fewer CTAs
     on an SM of this GPU (measured faster only on the H200's 228 KB, where both fit four;
-    decode_nvfp4.cu KV_CP_ASYNC_V2_DEFAULT). ``auto`` goes on to any later rebuild."""
-    build = _stage1_for(fmt, entry, kname, in_define, group, q_len)
+    decode_nvfp4.cu KV_CP_ASYNC_V2_DEFAULT). ``auto`` goes on to any later rebuild; ``softcap``
+    as ``_stage1_for``'s."""
+    build = _stage1_for(fmt, entry, kname, in_define, group, q_len, softcap=softcap)
     func, smem, threads, _, loop = build
     if not loop & LOOP_TILE_PAIRS or loop & LOOP_BULK_COPY:
         return build, ()
@@ -628,7 +639,7 @@ def _stage1_default(fmt, entry: str, kname: str, in_define: str, group: int, q_l
     hit = _cp_pairs_pick.get(id(func))
     if hit is not None and hit[0] is func:
         return hit[1]
-    alt = _stage1_for(fmt, entry, kname, in_define, group, q_len, _CP_PAIRS_FALLBACK)
+    alt = _stage1_for(fmt, entry, kname, in_define, group, q_len, _CP_PAIRS_FALLBACK, softcap)
     if _resident_ctas(func, threads, smem) < _resident_ctas(alt[0], alt[2], alt[1]):
         pick = (alt, _CP_PAIRS_FALLBACK)
     else:
@@ -754,7 +765,7 @@ def decode(
     if batch == 0:
         return o, lse
 
-    build, picked = _stage1_default(fmt, entry, kname, in_define, group, q_len)
+    build, picked = _stage1_default(fmt, entry, kname, in_define, group, q_len, softcap > 0)
     func, smem, threads, tile, loop = build
     if num_splits is None:
         num_splits = _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
@@ -763,7 +774,9 @@ def decode(
     auto = split_length_switches(fmt, loop, split_tiles(max_blocks * bs, bs, num_splits, tile))
     if auto:
         auto = picked + auto
-        func, smem, threads, tile, _ = _stage1_for(fmt, entry, kname, in_define, group, q_len, auto)
+        func, smem, threads, tile, _ = _stage1_for(
+            fmt, entry, kname, in_define, group, q_len, auto, softcap > 0
+        )
 
     planes = []
     for pname in plane_names:
@@ -876,14 +889,21 @@ def _default_splits(
     )  # fmt: skip
 
 
-def plan_splits(layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max_blocks: int):
-    """The split count ``decode`` would pick for these shapes (compiles/loads the kernel)."""
+def plan_splits(
+    layer, q_dtype: str, batch: int, q_len: int, num_heads: int, max_blocks: int,
+    softcap: float | None = None,
+):  # fmt: skip
+    """The split count ``decode`` would pick for these shapes and soft-cap (compiles / loads
+    the kernel it would run)."""
     fmt = layer.fmt
     entry, kname, _ = _STAGE1[fmt.family]
     in_define, _ = _Q_DTYPES[q_dtype]
     group = num_heads // layer.num_kv_heads
     check_row_limits(group, q_len, fmt.head_dim)
-    (func, smem, threads, tile, _), _ = _stage1_default(fmt, entry, kname, in_define, group, q_len)
+    has_cap = softcap is not None and softcap > 0
+    (func, smem, threads, tile, _), _ = _stage1_default(
+        fmt, entry, kname, in_define, group, q_len, has_cap
+    )
     return _default_splits(layer, batch, max_blocks, func, threads, smem, tile)
 
 

@@ -229,7 +229,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # loads, held key-run alignment and the unguarded softmax (KVKIT_DECODE_TQ17=1, A/B runs;
     # default 0); "-tqpv16": TurboQuant's codebook presets with the PV on fp16 mma
     # and "-tqpv16_0" the bf16 PV before it (KVKIT_DECODE_TQ_PV16=1, the default, and =0, A/B
-    # runs).
+    # runs); "-nocap": the build a decode without a soft-cap runs (KV_SOFTCAP=0: the tanh
+    # left out of the loops; the entries without it are the soft-cap builds).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -255,6 +256,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tq17": ("KVKIT_DECODE_TQ17", "1"),
         "tqpv16": ("KVKIT_DECODE_TQ_PV16", "1"),
         "tqpv16_0": ("KVKIT_DECODE_TQ_PV16", "0"),
+        "nocap": ("KV_SOFTCAP", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -268,7 +270,8 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "nvfp4-cpv20", "nvfp4-cpv2r", "turboquant_4bit_nc-tq17",
                  "turboquant_k3v4_nc-tq17", "turboquant_4bit_nc-tqpv16",
                  "turboquant_3bit_nc-tqpv16", "turboquant_k3v4_nc-tqpv16",
-                 "turboquant_4bit_nc-tqpv16_0"):  # fmt: skip
+                 "turboquant_4bit_nc-tqpv16_0", "nvfp4-nocap", "turboquant_4bit_nc-nocap",
+                 "turboquant_3bit_nc-nocap", "fp16-nocap"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),

@@ -2389,3 +2389,41 @@ def test_cp_async_pairs_match_float64_at_every_split_count(cp, value, head_dim, 
                 seq_lens=[*CP_PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=90 + head_dim + group)  # fmt: skip
     check_against_reference(case)
+
+
+# --- Builds without the soft-cap's tanh (KV_SOFTCAP=0; KVKIT_DECODE_SOFTCAP_BUILDS) ---------
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
+                                  "turboquant_k8v4", "fp8_e4m3", "fp16"])  # fmt: skip
+@pytest.mark.parametrize("head_dim, group, q_len, window", [
+    (128, 4, 1, None), (64, 4, 1, 70), (128, 2, 2, None), (128, 8, 2, 90),
+])  # fmt: skip
+@pytest.mark.parametrize("pairs", [False, True])
+def test_no_softcap_build_matches_the_softcap_build(cp, name, head_dim, group, q_len, window,
+                                                    pairs, monkeypatch):  # fmt: skip
+    """A decode without a soft-cap runs the build without the tanh (the default) or the
+    soft-cap build (KVKIT_DECODE_SOFTCAP_BUILDS=0): the same bits, in the tensor-core stage 1's
+    single-tile and tile-pair loops (the CUDA-core loop: the next test)."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=window, seed=head_dim + group + 3,
+                q_dtype="float16")  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_SOFTCAP_BUILDS", None, "0",
+                        pairs=pairs)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "fp16"])
+def test_no_softcap_build_matches_on_the_cuda_cores(cp, name, monkeypatch):
+    """The same on the CUDA-core stage 1 (KVKIT_DECODE_SIMT=1), and a soft-capped decode (which
+    always takes the soft-cap build) still matches float64."""
+    monkeypatch.setenv("KVKIT_DECODE_SIMT", "1")
+    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 9 * 64 + 5], seed=41)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_SOFTCAP_BUILDS", None, "0",
+                        pairs=False)  # fmt: skip
+    capped = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=16,
+                  seq_lens=[*PAIR_LENS, 9 * 64 + 5], seed=41, softcap=7.5)  # fmt: skip
+    ref_o, ref_lse = capped.reference()
+    for num_splits in (1, 3):
+        o, lse = capped.run(num_splits)
+        assert capped.flag() == 0
+        assert rel_error(o, ref_o) <= DECODE_GPU_RTOL
+        assert lse_error(lse, ref_lse) <= DECODE_GPU_RTOL
