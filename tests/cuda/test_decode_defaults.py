@@ -38,7 +38,7 @@ def test_build_switches_reject_unknown_values(monkeypatch):
         _env_choice("KVKIT_DECODE_TQ_VARIANT", ("0", "1"))
 
 
-def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=()) -> dict:
+def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=(), softcap=True) -> dict:
     """The defines _stage1_for builds for one format (G = 4, q_len = 1; ``auto``: the
     launcher's split-length switches), no GPU: the device query and the module build are
     stood in for."""
@@ -55,7 +55,7 @@ def _stage1_defines(monkeypatch, name: str, head_dim: int = 128, auto=()) -> dic
     monkeypatch.setattr(cupy.cuda.runtime, "getDevice", lambda: 0)
     monkeypatch.setattr(cuda_decode, "_stage1_kernel", fake_kernel)
     monkeypatch.setattr(cuda_decode, "_stage1_fast", {})
-    cuda_decode._stage1_for(formats.get(name, head_dim), "x.cu", "k", "1", 4, 1, auto)
+    cuda_decode._stage1_for(formats.get(name, head_dim), "x.cu", "k", "1", 4, 1, auto, softcap)
     return seen
 
 
@@ -158,3 +158,17 @@ def test_cp_async_pairs_need_as_many_ctas_per_sm(monkeypatch, smem_per_sm, fallb
     monkeypatch.setenv("KVKIT_DECODE_CP_ASYNC_V2", "3")
     build, picked = cuda_decode._stage1_default(fmt, "x.cu", "k", "1", 4, 1)
     assert build[0] is pairs_env and picked == ()
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "fp16"])
+def test_decodes_without_a_softcap_take_the_build_without_its_tanh(monkeypatch, name):
+    """KV_SOFTCAP=0 for a decode without a soft-cap (unless KVKIT_DECODE_SOFTCAP_BUILDS=0),
+    never for one with it (the kernel's default, 1, keeps the tanh)."""
+    monkeypatch.delenv("KVKIT_DECODE_SOFTCAP_BUILDS", raising=False)
+    assert _stage1_defines(monkeypatch, name, softcap=False)["KV_SOFTCAP"] == "0"
+    assert "KV_SOFTCAP" not in _stage1_defines(monkeypatch, name, softcap=True)
+    monkeypatch.setenv("KVKIT_DECODE_SOFTCAP_BUILDS", "0")
+    assert "KV_SOFTCAP" not in _stage1_defines(monkeypatch, name, softcap=False)
+    monkeypatch.setenv("KVKIT_DECODE_SOFTCAP_BUILDS", "2")
+    with pytest.raises(ValueError, match="KVKIT_DECODE_SOFTCAP_BUILDS"):
+        _stage1_defines(monkeypatch, name, softcap=False)

@@ -1728,7 +1728,9 @@ def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
     fmt = case.gpu.fmt
     entry, kname, _ = cuda_decode._STAGE1[fmt.family]
     in_define, _ = cuda_decode._Q_DTYPES[case.q_dtype]
-    _, _, _, tile, loop = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1)
+    # (The case has no soft-cap: the launcher runs the builds without its tanh.)
+    _, _, _, tile, loop = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1,
+                                                  softcap=False)  # fmt: skip
     max_tokens = case.block_tables.shape[1] * 16
 
     def tiles(num_splits):
@@ -1744,7 +1746,7 @@ def test_the_launcher_picks_the_build_by_split_length(cp, name, monkeypatch):
         auto = sb.split_length_switches(fmt, loop, tiles(num_splits))
         assert auto in ((), ((var, picked),))
         fired.append(bool(auto))
-        want = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1, auto)[0]
+        want = cuda_decode._stage1_for(fmt, entry, kname, in_define, 4, 1, auto, False)[0]
         record = []
         o, lse = case.run(num_splits, record=record)
         assert record[0][0] is want and case.flag() == 0, num_splits
