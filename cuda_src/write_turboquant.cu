@@ -994,10 +994,13 @@ __device__ __forceinline__ bool kv_tq_slot_page(long long slot, int p, int h, bo
     return true;
 }
 // The row / slot prologue of both kernel bodies (the register body's under KV_WRITE_EARLY = 0):
-// row = token * H + head; its slot from slot_mapping; false for a row past the end, a negative slot, or a slot >= capacity (then
-// error_flag |= 1, once per token: by lane 0 of head 0's row). Else *h, *blk, *off: the head,
-// page and offset of the slot. TQ_VARIANT >= 1 divides by the host's magic numbers (paged.cuh
-// KvUDiv: five instructions where a 32-bit division by a run-time divisor takes about twenty).
+// row = token * H + head; its slot from slot_mapping; false for a row past the end, a negative
+// slot, or a slot >= capacity (then error_flag |= 1, once per token: by lane 0 of head 0's
+// row). Else *h, *blk, *off: the head, page and offset of the slot. TQ_VARIANT >= 1 divides by
+// the host's magic numbers (paged.cuh KvUDiv: five instructions where a 32-bit division by a
+// run-time divisor takes about twenty). kv_tq_row_token + kv_tq_slot_page above are the same
+// steps split in two; this one is kept whole, as it was, so that the KV_WRITE_EARLY = 0 builds
+// (k8v4's default) are PTX-identical to the kernel before the split.
 __device__ __forceinline__ bool kv_tq_row_slot(long long row, int p, long long n_tokens, int n_heads,
                                                long long capacity, int block_size,
                                                const KV_SLOT_T* __restrict__ slot_mapping,
