@@ -131,7 +131,8 @@ def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
 #: for MSE at 8, sm_80 / sm_90 for bf16 inputs of k8v4 at 16), so they get the next setting
 #: that builds clean everywhere (unmeasured there: no such GPU here).
 _TQ_MIN_CTAS_MSE = 6  # every target: 80 registers, no spill
-_TQ_MIN_CTAS_MSE_SM90 = 9  # session 19, under KV_WRITE_EARLY: 56 registers, no spill
+_TQ_MIN_CTAS_MSE_SM90 = 9  # session 19, variant 5 under KV_WRITE_EARLY: 56 registers, no spill
+_TQ_MIN_CTAS_MSE_SM90_BEFORE_V5 = 8  # variants 0-4 (A/B builds): variant 4 spills at 9
 _TQ_MIN_CTAS_FP8K = 8  # every target, both 16-bit inputs: <= 48 registers, no spill
 _TQ_MIN_CTAS_FP8K_SM90_F16 = 16
 
@@ -160,7 +161,9 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
     sm_90, sm_90), the ``TQ_MIN_CTAS`` and ``TQ_MIN_CTAS_SM90`` defines (the kernel picks by
     its arch, common/arch.cuh KVKIT_ARCH).
 
-    16-bit inputs at D <= 128: the measured settings above (_TQ_MIN_CTAS_*). Otherwise 1 (no
+    16-bit inputs at D <= 128: the measured settings above (_TQ_MIN_CTAS_*; the codebook
+    presets' sm_90 value is 9 for write variant 5, the default, and 8 for the variants before
+    it, which spill at 9). Otherwise 1 (no
     cap): float32 inputs (twice the registers of V words) and D > 128 (up to 32 floats per
     lane and row) spill under any cap that raises occupancy (seen on sm_86 and sm_120a).
     ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) sets both for tuning sweeps (ptxas caps the
@@ -173,7 +176,8 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
     if fmt.key_kind == "fp8":
         sm90 = _TQ_MIN_CTAS_FP8K_SM90_F16 if in_dtype == "1" else _TQ_MIN_CTAS_FP8K
         return _TQ_MIN_CTAS_FP8K, sm90
-    return _TQ_MIN_CTAS_MSE, _TQ_MIN_CTAS_MSE_SM90
+    sm90 = _TQ_MIN_CTAS_MSE_SM90 if tq_variant(fmt) >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
+    return _TQ_MIN_CTAS_MSE, sm90
 
 
 def _env_int(name: str, allowed) -> int | None:

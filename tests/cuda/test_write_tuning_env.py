@@ -26,10 +26,13 @@ def _no_overrides(monkeypatch):
     monkeypatch.delenv("KVKIT_WRITE_EARLY_LOADS", raising=False)
 
 
-def test_defaults_follow_head_dim_and_input_dtype():
+def test_defaults_follow_head_dim_and_input_dtype(monkeypatch):
     fmt = formats.get("turboquant_4bit_nc", 128)
     assert tq_rows_per_warp(fmt) == 4
     assert tq_min_ctas(fmt, "1") == (6, 9)  # (other targets, sm_90)
+    monkeypatch.setenv("KVKIT_WRITE_TQ_VARIANT", "4")  # variants before 5 spill at 9
+    assert tq_min_ctas(fmt, "1") == (6, 8)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT")
     assert tq_min_ctas(fmt, "0") == (1, 1)  # float32 inputs: no register cap
     assert tq_min_ctas(formats.get("turboquant_4bit_nc", 256), "1") == (1, 1)
     assert tq_rows_per_warp(formats.get("turboquant_k8v4", 512)) == 2
