@@ -63,8 +63,9 @@ lets it be scheduled from the start of stage 1's CTAs / from their last tile (th
 (A/B runs). A decode without a soft-cap runs a stage-1 build without the soft-cap's tanh in
 its loops (``KV_SOFTCAP=0``: smaller loop code, the same bits);
 ``KVKIT_DECODE_SOFTCAP_BUILDS=0`` runs the soft-cap build for every decode (A/B runs).
-``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim 128 on sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the
-default for the codebook-key presets; k8v4 measured slower with them), and
+``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim 128 on
+sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the default
+for the codebook-key presets; k8v4 measured slower with them), and
 ``KVKIT_DECODE_TQ_SLABS64=0`` / ``1`` below head_dim 128 cp.async / warp slabs (the default,
 every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp slabs to one
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
