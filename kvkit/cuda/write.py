@@ -163,9 +163,9 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
 
     16-bit inputs at D <= 128: the measured settings above (_TQ_MIN_CTAS_*; the codebook
     presets' sm_90 value is 9 for write variant 5, the default, and 8 for the variants before
-    it, which spill at 9). Otherwise 1 (no
-    cap): float32 inputs (twice the registers of V words) and D > 128 (up to 32 floats per
-    lane and row) spill under any cap that raises occupancy (seen on sm_86 and sm_120a).
+    it, which spill at 9). Otherwise 1 (no cap): float32 inputs (twice the registers of V
+    words) and D > 128 (up to 32 floats per lane and row) spill under any cap that raises
+    occupancy (seen on sm_86 and sm_120a).
     ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) sets both for tuning sweeps (ptxas caps the
     registers to fit; check the build for spills)."""
     override = _env_int("KVKIT_WRITE_TQ_MIN_CTAS", range(1, 33))
