@@ -156,7 +156,9 @@ def tq_rows_per_warp(fmt: TurboQuantFormat) -> int:
     return rows if override is None else min(rows, override)
 
 
-def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
+def tq_min_ctas(
+    fmt: TurboQuantFormat, in_dtype: str, variant: int | None = None
+) -> tuple[int, int]:
     """The minimum CTAs per SM in ``kvkit_write_turboquant``'s launch bounds: (every target but
     sm_90, sm_90), the ``TQ_MIN_CTAS`` and ``TQ_MIN_CTAS_SM90`` defines (the kernel picks by
     its arch, common/arch.cuh KVKIT_ARCH).
@@ -167,7 +169,8 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
     words) and D > 128 (up to 32 floats per lane and row) spill under any cap that raises
     occupancy (seen on sm_86 and sm_120a).
     ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) sets both for tuning sweeps (ptxas caps the
-    registers to fit; check the build for spills)."""
+    registers to fit; check the build for spills). ``variant``: tq_variant(fmt), when the
+    caller has it."""
     override = _env_int("KVKIT_WRITE_TQ_MIN_CTAS", range(1, 33))
     if override is not None:
         return override, override
@@ -176,7 +179,8 @@ def tq_min_ctas(fmt: TurboQuantFormat, in_dtype: str) -> tuple[int, int]:
     if fmt.key_kind == "fp8":
         sm90 = _TQ_MIN_CTAS_FP8K_SM90_F16 if in_dtype == "1" else _TQ_MIN_CTAS_FP8K
         return _TQ_MIN_CTAS_FP8K, sm90
-    sm90 = _TQ_MIN_CTAS_MSE_SM90 if tq_variant(fmt) >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
+    variant = tq_variant(fmt) if variant is None else variant
+    sm90 = _TQ_MIN_CTAS_MSE_SM90 if variant >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
     return _TQ_MIN_CTAS_MSE, sm90
 
 
@@ -294,9 +298,10 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     for MSE keys whose codebook has a cell table
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1``, the table and
     ``TQ_NEAR_KEY``; without one the kernel searches the midpoints."""
-    others, sm90 = tq_min_ctas(fmt, in_dtype)
+    variant = tq_variant(fmt)
+    others, sm90 = tq_min_ctas(fmt, in_dtype, variant)
     d = {
-        "TQ_VARIANT": str(tq_variant(fmt)),
+        "TQ_VARIANT": str(variant),
         "TQ_RPW": str(tq_rows_per_warp(fmt)),
         "TQ_MIN_CTAS": str(others),
         "TQ_MIN_CTAS_SM90": str(sm90),
@@ -305,10 +310,9 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
         "TQ_RINT_MAGIC": cuda_float(BKT_MAGIC),
         "TQ_RINT_MAGIC_BITS": f"0x{BKT_MAGIC_BITS:08X}u",
     }
-    v = int(d["TQ_VARIANT"])
-    if v >= 5:
+    if variant >= 5:
         d["TQ_V5_NUDGE"] = cuda_float(TQ_V5_NUDGE)
-    d.update(_tq_bucket_defines(fmt, v >= 3, v >= 5))
+    d.update(_tq_bucket_defines(fmt, variant >= 3, variant >= 5))
     return d
 
 
