@@ -24,9 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sass_path import parse_text, sass_with_lines  # noqa: E402
 
 from kvkit import formats  # noqa: E402
-
-_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
-          "nvfp4": "decode_nvfp4.cu", "turboquant": "decode_turboquant.cu"}  # fmt: skip
+from kvkit.cuda.decode import _STAGE1  # noqa: E402  (each family's stage-1 entry)
 
 
 def loops(ins: list[dict], labels: dict[str, int]) -> list[tuple[int, int]]:
@@ -54,7 +52,7 @@ def main() -> None:
     fmt = formats.get(name, d)
     defines = dict(fmt.cuda_defines())
     defines.update(KV_IN_DTYPE="1", KV_GROUP=str(g), KV_Q_LEN=str(ql), **extra)
-    text, src, log = sass_with_lines(_ENTRY[fmt.family], defines, args.arch)
+    text, src, log = sass_with_lines(_STAGE1[fmt.family][0], defines, args.arch)
     ins, labels = parse_text(text)
     lines = src.splitlines()
     print(f"{args.build} {args.arch}: {len(ins)} instructions,",
