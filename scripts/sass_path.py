@@ -145,14 +145,18 @@ def loop_head(ins: list[dict], labels: dict[str, int] | None = None,
 
 
 def pair_head(ins: list[dict], labels: dict[str, int], src: list[str]) -> int:
-    """The target of the tile-pair loop's back edge (decode_mma_pairs.cuh)."""
-    heads = []
+    """The target of the tile-pair loop's back edge (decode_mma_pairs.cuh); in builds with the
+    hot pair loop (KVKIT_DECODE_NV_COLD=1) that loop's, the common pairs' path."""
+    heads, hot = [], []
     for i in ins:
         line = src[i["chain"][0] - 1].strip() if i["chain"] else ""
         m = re.search(r"`\((\.L_x_\d+)\)", i["body"])
-        if i["op"].startswith("BRA") and m and line.startswith("for (; i_rest + 1 < n_tiles"):
-            if labels[m.group(1)] < i["addr"]:
+        if i["op"].startswith("BRA") and m and labels[m.group(1)] < i["addr"]:
+            if line.startswith("for (; i_rest + 1 < n_tiles"):
                 heads.append(labels[m.group(1)])
+            elif any(src[c - 1].strip().startswith("pair(i_rest, true") for c in i["chain"]):
+                hot.append(labels[m.group(1)])  # (the body's last line: the loop tests on top)
+    heads = hot or heads
     if not heads:
         sys.exit(
             "no tile-pair loop in this build (pairs: warp-pipe slab builds, the default on sm_90)"
