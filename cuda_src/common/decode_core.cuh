@@ -379,11 +379,13 @@
 #define KVD_NV_COLD (KVD_PAIR_TRIMS && KVD_NV_COLD_ON)
 #endif
 // The hot copy's issue (KvTilePipe::issue_pair_common: issue_pair's common pair alone), except
-// at head_dim 128 with 8 query rows of q_len > 1 (4 x 2, 2 x 4), where ptxas spilled 4 bytes
-// with it (sm_90): those keep issue_pair in both copies.
+// in the no-soft-cap builds (KV_SOFTCAP 0) at head_dim 128 with 8 query rows of q_len > 1
+// (4 x 2, 2 x 4), where ptxas spilled 4 bytes with it (sm_90): those keep issue_pair in both
+// copies. (Their soft-cap builds spilled 4 bytes the other way round: ptxas's choice at the
+// 128-register cap, not a rule.)
 #ifndef KVD_NV_COLD_ISSUE
 #define KVD_NV_COLD_ISSUE \
-    (KV_Q_LEN == 1 || KV_GROUP * KV_Q_LEN <= 4 || KV_HEAD_DIM != 128)
+    (KV_SOFTCAP || KV_Q_LEN == 1 || KV_GROUP * KV_Q_LEN <= 4 || KV_HEAD_DIM != 128)
 #endif
 
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the

@@ -62,9 +62,10 @@ environment wins. On sm_90+ stage 2 is launched with programmatic stream seriali
 lets it be scheduled from the start of stage 1's CTAs / from their last tile (the default)
 (A/B runs). A decode without a soft-cap runs a stage-1 build without the soft-cap's tanh in
 its loops (``KV_SOFTCAP=0``: smaller loop code, the same bits);
-``KVKIT_DECODE_SOFTCAP_BUILDS=0`` runs the soft-cap build for every decode (A/B runs). ``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim
-128 on sm_90+ in the tensor-core launches: per page run / per warp slab with warp pipes (the
-default for the codebook-key presets; k8v4 measured slower with them), and
+``KVKIT_DECODE_SOFTCAP_BUILDS=0`` runs the soft-cap build for every decode (A/B runs).
+``KVKIT_DECODE_TQ_SLABS=0`` / ``1`` picks TurboQuant's tile copies from head_dim 128 on sm_90+
+in the tensor-core launches: per page run / per warp slab with warp pipes (the default for
+the codebook-key presets; k8v4 measured slower with them), and
 ``KVKIT_DECODE_TQ_SLABS64=0`` / ``1`` below head_dim 128 cp.async / warp slabs (the default,
 every preset); ``KVKIT_DECODE_NVFP4_SLAB_ROWS=8`` / ``16`` limits NVFP4's warp slabs to one
 row tile / allows two (the default); ``KVKIT_DECODE_NVFP4_SLABS_OTHER_D=0`` / ``1`` / ``2``
@@ -108,6 +109,13 @@ query rows again and P's fp16 lo part, so one PV mma per m-tile and tile does wh
 lo sums joined after the loop: float32 rounding only, not the same bits), with 2's softmax; 2,
 the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
 bits unless a row's visible logits are all NaN.
+``KVKIT_DECODE_NV_COLD=0`` / ``1`` (NVFP4's tile-pair loop with pair addresses and the issue
+trims: sm_90 / sm_100 warp slabs, and the cp.async pairs of sm_80 / sm_89; A/B runs; unset: 0):
+as before / the pair body built twice, a hot copy for the common pair (both tiles whole and
+visible, both issues' pages good in pages of <= 64 tokens: no softmax masks, no general issue)
+in a loop of its own and the general copy for the other pairs, so that the loop the GPU runs
+holds less code it never runs (instruction-fetch stalls); the same operations in the same
+order, so the same bits.
 ``KVKIT_DECODE_K3V4=0`` / ``1`` / ``2`` (turboquant_k3v4_nc at head_dim 256 and 64, the
 tensor-core stage 1): as before / at 256 each lane's 3-bit key codes as two
 interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte slot rows; the
@@ -448,6 +456,9 @@ _FAMILY_SWITCHES = (
     # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before
     # (0) (decode_nvfp4.cu KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
     ("KVKIT_DECODE_NV_PACK", ("0", "1", "2"), ("nvfp4",)),
+    # NVFP4's tile-pair loop as a hot loop for the common pair beside the general pair body
+    # (1), or as before (0, the default) (decode_core.cuh KVD_NV_COLD; the same bits).
+    ("KVKIT_DECODE_NV_COLD", ("0", "1"), ("nvfp4",)),
     # turboquant_k3v4_nc: at head_dim 256 lane-interleaved key runs and a token order, at 64 a
     # token order (1, the default); the runs alone (2); or as before (0) (decode_turboquant.cu
     # KV_TQ_KSPLIT, KV_MMA_TOKEN_A).
