@@ -75,6 +75,10 @@ def summarize(path: Path, unit: float, top: int) -> str:
                    f"{100 * s / total_s:7.1f}")  # fmt: skip
 
     stall_cols = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    totals = sorted(((sum(number(r[col[h]]) for r in data), h[6:]) for h in stall_cols),
+                    reverse=True)  # fmt: skip
+    out.append("stall samples by reason: "
+               + " ".join(f"{name}:{v:.0f}" for v, name in totals[:8] if v))  # fmt: skip
     out.append("hottest instructions (stall share, executions per unit, top reasons):")
     order = sorted(range(len(data)), key=lambda i: -samples[i])[:top]
     for i in order:

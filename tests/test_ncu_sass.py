@@ -35,6 +35,7 @@ def test_classes_opcodes_and_hot_lines(tmp_path):
     assert ops["HMMA"] == ["6.7", "50.0"]
     classes = [line.split()[0] for line in out[6:9]]
     assert classes == ["x10.0", "x4.0", "x1.0"]
+    assert "stall samples by reason: wait:60 short_sb:40" in out  # not-issued left out
     hot = out[-2:]
     assert hot[0].startswith("50.00% x1.00") and "wait:40 short_sb:10" in hot[0]
     assert "barrier" not in hot[0]  # not-issued columns are not reasons
