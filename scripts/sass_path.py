@@ -145,18 +145,14 @@ def loop_head(ins: list[dict], labels: dict[str, int] | None = None,
 
 
 def pair_head(ins: list[dict], labels: dict[str, int], src: list[str]) -> int:
-    """The target of the tile-pair loop's back edge (decode_mma_pairs.cuh); in builds with the
-    hot pair loop (KVKIT_DECODE_NV_COLD=1) that loop's, the common pairs' path."""
-    heads, hot = [], []
+    """The target of the tile-pair loop's back edge (decode_mma_pairs.cuh)."""
+    heads = []
     for i in ins:
         line = src[i["chain"][0] - 1].strip() if i["chain"] else ""
         m = re.search(r"`\((\.L_x_\d+)\)", i["body"])
-        if i["op"].startswith("BRA") and m and labels[m.group(1)] < i["addr"]:
-            if line.startswith("for (; i_rest + 1 < n_tiles"):
+        if i["op"].startswith("BRA") and m and line.startswith("for (; i_rest + 1 < n_tiles"):
+            if labels[m.group(1)] < i["addr"]:
                 heads.append(labels[m.group(1)])
-            elif any(src[c - 1].strip().startswith("pair(i_rest, true") for c in i["chain"]):
-                hot.append(labels[m.group(1)])  # (the body's last line: the loop tests on top)
-    heads = hot or heads
     if not heads:
         sys.exit(
             "no tile-pair loop in this build (pairs: warp-pipe slab builds, the default on sm_90)"
@@ -325,24 +321,18 @@ def main(argv: list[str] | None = None) -> int:
     ops: collections.Counter = collections.Counter()
     body_lines: collections.Counter = collections.Counter()
 
-    def first(pat: str) -> int:
-        return next((k + 1 for k, line in enumerate(src) if pat in line), 1 << 30)
-
-    # The pair body of KVKIT_DECODE_NV_COLD=1 builds is a lambda called from the loops below
-    # it: its lines are then one level further in (the outermost chain entry in the body).
-    lam = next((k + 1 for k, line in enumerate(src) if "auto pair = [&]" in line), None)
-    end_e2 = first("// (e2) pair end")
-
     def count(i: dict) -> None:
         ops[i["op"].split(".")[0]] += 1
         ch = i["chain"]
-        inner = [ln for ln in ch if lam and lam < ln < end_e2]
-        body_lines[inner[-1] if inner else ch[-2] if len(ch) >= 2 else (ch[0] if ch else 0)] += 1
+        body_lines[ch[-2] if len(ch) >= 2 else (ch[0] if ch else 0)] += 1
         if args.path:
             ln = i["chain"][0] if i["chain"] else 0
             print(f"  {i['addr']:05x} {(i['pred'] or '') + ' ' + i['body']:64.64s} | {text(ln)}")
 
     n = walk(ins, labels, head, take, branch, count)
+
+    def first(pat: str) -> int:
+        return next((k + 1 for k, line in enumerate(src) if pat in line), 1 << 30)
 
     if args.pairs:
         a, b = first("// (a2) pair scores"), first("// (b2) pair softmax")

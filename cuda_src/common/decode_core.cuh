@@ -354,40 +354,6 @@
 #else
 #define KVD_PAIR_TRIMS (KVD_PAIR_ADDR && KVD_NV_ISSUE_ON)
 #endif
-// NVFP4's pair loop with its cold code out of line (KVKIT_DECODE_NV_COLD=0 / 1,
-// kvkit/cuda/decode.py, for A/B builds; 0 is the build before, PTX-identical): the pair body
-// is inlined twice (decode_mma_pairs.cuh), a hot copy for the common pair (both tiles whole
-// and visible, both issues' pages good in pages of <= TILE tokens: no softmax masks, no
-// general issue, no PDL test) in an inner loop of its own, and the general copy, run for the
-// other pairs (a window's start, a split's last pair, bad pages), beside it. Nsight Compute
-// counted 21% of NVFP4's stage-1 stall samples as no_inst (instruction fetch) at (64, 8192)
-// on the H200, with a 1420-instruction loop running ~850 a pair. The same arithmetic in the
-// same order: the same bits. Only on top of the issue trims (t16w, stg_sa) and not in the
-// TurboQuant presets' loop (KV_MMA_LANE_SLOT), which this switch does not reach. Default 0:
-// not measured on a GPU yet (benchmarks/NOTES.md "nv19").
-#if defined(KVKIT_DECODE_NV_COLD)
-#define KVD_NV_COLD_ON KVKIT_DECODE_NV_COLD
-#else
-#define KVD_NV_COLD_ON 0
-#endif
-#if KVD_NV_COLD_ON != 0 && KVD_NV_COLD_ON != 1
-#error "KVKIT_DECODE_NV_COLD: 0 or 1"
-#endif
-#if defined(KV_MMA_LANE_SLOT)
-#define KVD_NV_COLD 0
-#else
-#define KVD_NV_COLD (KVD_PAIR_TRIMS && KVD_NV_COLD_ON)
-#endif
-// The hot copy's issue (KvTilePipe::issue_pair_common: issue_pair's common pair alone), except
-// in the no-soft-cap builds (KV_SOFTCAP 0) at head_dim 128 with 8 query rows of q_len > 1
-// (4 x 2, 2 x 4), where ptxas spilled 4 bytes with it (sm_90): those keep issue_pair in both
-// copies. (Their soft-cap builds spilled 4 bytes the other way round: ptxas's choice at the
-// 128-register cap, not a rule.)
-#ifndef KVD_NV_COLD_ISSUE
-#define KVD_NV_COLD_ISSUE \
-    (KV_SOFTCAP || KV_Q_LEN == 1 || KV_GROUP * KV_Q_LEN <= 4 || KV_HEAD_DIM != 128)
-#endif
-
 // Row planes of bulk launches copied per warp (kv_bulk_run) rather than per thread; the
 // launcher can turn it off (KVKIT_DECODE_BULK_RUNS=0) to compare.
 #ifndef KVD_BULK_WARP_RUNS_ON
@@ -1382,24 +1348,6 @@ struct KvTilePipe {
             pf_e1 = entry(i + kvd::STAGES + 2, KVD_RING_T);
         }
     }
-#if KVD_NV_COLD && KVD_PAGE_WIN
-    // (KVD_NV_COLD) advance_pages(i) of the hot pair loop, a slab launch's: the same refill.
-    // Slab pages are powers of two (kv_make_pipe: slabs), so bt_sh >= 0 and entry()'s
-    // division fallback (~25 instructions in the hot loop's span) is left out. The refill
-    // (once per 16 pairs, ~35 instructions) stays in the hot loop's span: __builtin_expect
-    // did not move it, and a refill at the next pair's start in the outer loop merged the two
-    // loops' heads (nvdisasm showed no hot loop of its own).
-    __device__ __forceinline__ void advance_pages_slabs(int i) {
-        const int j = i + kvd::STAGES;
-        if (__builtin_expect((j & 31) == 0, 0)) {
-            const int w = j >> 5;
-            pf_e0 = window_check(w, pf_raw);
-            const int jn = 32 * (w + 1) + (int)(threadIdx.x & 31u);
-            const int t = 16 * (int)(threadIdx.x / 32u);
-            pf_raw = live(jn, t) ? bt[(t_lo + jn * kvd::TILE + t) >> bt_sh] : 0;
-        }
-    }
-#endif
     __device__ __forceinline__ const int* pages(int j) const {
         return tp_ring + (j % kvd::NP) * kvd::TILE;
     }
@@ -1583,24 +1531,6 @@ struct KvTilePipe {
             }
         }
     }
-#if KVD_NV_COLD
-    // (KVD_NV_COLD) issue_pair(j) of the hot pair loop, whose test (decode_mma_pairs.cuh) took
-    // the two pages pg0 = warp_page(j), pg1 = warp_page(j + 1) and found issue_pair's common
-    // pair, (pg0 | pg1 | t16w) >= 0: that branch's page bits, arrivals, fence and copies.
-    __device__ __forceinline__ void issue_pair_common(int j, int pg0, int pg1,
-                                                      KV_PLANE_PARAM_DECL) {
-        static_assert(kvd::STAGES == 4, "issue_pair: stages of tiles j, j + 1 adjacent");
-        constexpr unsigned TW = KV_P0_BYTES + KV_P1_BYTES + KV_P2_BYTES + KV_P3_BYTES;
-        pg_bits = (pg_bits << 2) | 3u;
-        const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);
-        kv_mbar_arrive_tx_warp(bar, 16u * TW);
-        kv_mbar_arrive_tx_warp(bar + 8u, 16u * TW);
-        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-        const unsigned sa = stg_sa + (unsigned)((j % kvd::STAGES) * kvd::STAGE_BYTES);
-        slab_copies<false>(sa, pg0, 0, t16w, bar, KV_PLANE_PARAMS);
-        slab_copies<false>(sa + kvd::STAGE_BYTES, pg1, 0, t16w, bar + 8u, KV_PLANE_PARAMS);
-    }
-#endif
     // wait<>(j); wait<>(j + 1) of the tile-pair loop (j even: adjacent barriers, one phase).
     __device__ __forceinline__ void wait_pair(int j) const {
         const unsigned bar = bar_sa + 8u * (unsigned)(j % kvd::STAGES);

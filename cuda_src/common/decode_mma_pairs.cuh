@@ -133,33 +133,14 @@ if (pipe.slabs) {
 #else
     const int LC = c;
 #endif
-#if KVD_NV_COLD
-    // (KVD_NV_COLD) The pair body as a lambda, inlined twice (loops below) with HOT a constant:
-    // true for the common pair, whose test (hot_at) found both tiles whole and visible and, in
-    // slab launches, both issues' pages good (pg0, pg1: issue_pair's common pair), so its
-    // softmax masks, general issue and PDL test compile away and its page-window refill is
-    // advance_pages_slabs (no entry division, an unlikely branch); false: the body as before.
-    // (A generic lambda with HOT a template constant is refused by NVRTC: "host functions are
-    // not allowed in JIT mode".) One text: the same arithmetic in the same order.
-    auto pair = [&](const int ia, const bool HOT, const int pg0, const int pg1) {
-        (void)pg0, (void)pg1;
-#define KVD_PAIR_HOT HOT
-#else
-#define KVD_PAIR_HOT false
 #pragma unroll 1
     for (; i_rest + 1 < n_tiles; i_rest += 2) {
         const int ia = i_rest;  // tiles ia (h = 0) and ia + 1 (h = 1)
-#endif
         // PDL: at the start of the pair that holds the last tile.
-        if (!KVD_PAIR_HOT && KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
+        if (KVD_PDL_TRIGGER == 1 && ia + 2 >= n_tiles) kv_grid_dep_trigger();
 #if KVD_PAIR_ADDR && !KVD_CP_PAIRS
         pipe.wait_pair(ia);
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
-#if KVD_NV_COLD && KVD_NV_COLD_ISSUE
-        if (HOT)
-            pipe.issue_pair_common(ia + STAGES - 2, pg0, pg1, KV_PLANE_PARAMS);
-        else
-#endif
         pipe.issue_pair(ia + STAGES - 2, KV_PLANE_PARAMS);
 #else
 #if KVD_CP_PAIRS
@@ -177,11 +158,6 @@ if (pipe.slabs) {
         pipe.tile_sync();  // the warp's barrier: the pair before's reads before the refills
         pipe.issue(ia + STAGES - 2, KV_PLANE_PARAMS);
         pipe.issue(ia + STAGES - 1, KV_PLANE_PARAMS);
-#endif
-#if KVD_NV_COLD && KVD_PAGE_WIN
-        if (HOT)
-            pipe.advance_pages_slabs(ia);
-        else
 #endif
         pipe.advance_pages(ia);
         bool whp[2];
@@ -335,14 +311,9 @@ if (pipe.slabs) {
         // full[0] and full[1] hold, and the per-tile mask blocks below (softmax masks, PV
         // operand zeroing), which run only for a tile that is not full, are skipped behind
         // this one branch instead of four. full[h] is still what those blocks test.
-        // (KVD_NV_COLD) full2r: the test itself, which the PV block's zeroing keeps testing in
-        // the hot copy too (there it always holds: without that branch, the straight-line PV
-        // block took more registers and ptxas spilled 4-48 bytes at head_dim 128, sm_90);
-        // full2: the softmax mask block's, known in the hot copy.
-        const bool full2r = !KVD_MASK_ALL && t0[0] + 2 * TILE <= pipe.t_hi &&
-                            (QL == 1 || t0[0] + (2 * TILE - 1) <= seq_len - QL) &&
-                            (window <= 0 || t0[0] >= seq_len - window) && pipe.warp_has_pages_01();
-        const bool full2 = KVD_PAIR_HOT || full2r;
+        const bool full2 = !KVD_MASK_ALL && t0[0] + 2 * TILE <= pipe.t_hi &&
+                           (QL == 1 || t0[0] + (2 * TILE - 1) <= seq_len - QL) &&
+                           (window <= 0 || t0[0] >= seq_len - window) && pipe.warp_has_pages_01();
         bool full[2];  // (worked out behind !full2 below, where the mask blocks test it)
 #else
         bool full[2];
@@ -604,7 +575,7 @@ if (pipe.slabs) {
 #if !KV_MMA_VCODES
             // Invalid tokens' raw words to 0 (+0 operands; values may be NaN there).
 #if KVD_PAIR_TRIMS
-            if (!full2r) {
+            if (!full2) {
             full[h] = tile_full(h);
 #endif
             if (!full[h]) {
@@ -638,48 +609,6 @@ if (pipe.slabs) {
         }
         // (e2) pair end
     }
-#if KVD_NV_COLD
-    ;
-    // The hot pairs in a loop of their own, its span the hot body's; the others one at a
-    // time by the general copy in the outer loop, then back to the hot loop. The test, before
-    // the pair's waits (warp-uniform): tiles ia, ia + 1's page bits (set by their issues: bits
-    // 1 and 0 before this pair's shift), full2's causal and window tests, and the pages of this
-    // pair's issues (tiles ia + 2, ia + 3, in the window pf_e0 holds: its refill came after
-    // the issues of the pair before). pg1 >= 0 means tile ia + 3 is live (window_check), so ia
-    // + 3 < n_tiles: tiles ia, ia + 1 are whole (full2's range test) and ia + 2 < n_tiles (no
-    // PDL trigger in the pair). Builds whose hot copy keeps issue_pair (KVD_NV_COLD_ISSUE 0)
-    // and the cp.async build (KVD_CP_PAIRS: per-thread issues in both copies) test ia + 3 <
-    // n_tiles instead. Measured statically (benchmarks/NOTES.md "nv19"): NVFP4 D = 128, G = 4,
-    // sm_90: the loop's span 1420 -> 1091 instructions, ~841 of them run per pair (847).
-    const auto hot_at = [&](const int ia, int& pg0, int& pg1) {
-        const int t0 = pipe.first_token(ia);
-        bool ok = !KVD_MASK_ALL && (pipe.pg_bits & 3u) == 3u &&
-                  (QL == 1 || t0 + (2 * TILE - 1) <= seq_len - QL) &&
-                  (window <= 0 || t0 >= seq_len - window);
-#if KVD_CP_PAIRS || !KVD_NV_COLD_ISSUE
-        pg0 = pg1 = 0;
-        ok = ok && ia + 3 < n_tiles;
-#else
-        pg0 = pipe.warp_page(ia + STAGES - 2);
-        pg1 = pipe.warp_page(ia + STAGES - 1);
-        ok = ok && (pg0 | pg1 | pipe.t16w) >= 0;
-#endif
-        return ok;
-    };
-#pragma unroll 1
-    while (i_rest + 1 < n_tiles) {
-        int pg0, pg1;
-#pragma unroll 1
-        while (hot_at(i_rest, pg0, pg1)) {
-            pair(i_rest, true, pg0, pg1);
-            i_rest += 2;
-        }
-        if (i_rest + 1 >= n_tiles) break;
-        pair(i_rest, false, 0, 0);
-        i_rest += 2;
-    }
-#endif
-#undef KVD_PAIR_HOT
     // An odd tile count leaves the last tile to the single-tile loop, which issues tile
     // i_rest + STAGES - 1 and finds tile i_rest's page bit at STAGES - 1: the issue of tile
     // i_rest + STAGES - 2 (past the last tile: no copy, the bit shift only) keeps both.

@@ -109,13 +109,6 @@ query rows again and P's fp16 lo part, so one PV mma per m-tile and tile does wh
 lo sums joined after the loop: float32 rounding only, not the same bits), with 2's softmax; 2,
 the online softmax without its empty-row guard (the running max starts at -FLT_MAX): the same
 bits unless a row's visible logits are all NaN.
-``KVKIT_DECODE_NV_COLD=0`` / ``1`` (NVFP4's tile-pair loop with pair addresses and the issue
-trims: sm_90 / sm_100 warp slabs, and the cp.async pairs of sm_80 / sm_89; A/B runs; unset: 0):
-as before / the pair body built twice, a hot copy for the common pair (both tiles whole and
-visible, both issues' pages good in pages of <= 64 tokens: no softmax masks, no general issue)
-in a loop of its own and the general copy for the other pairs, so that the loop the GPU runs
-holds less code it never runs (instruction-fetch stalls); the same operations in the same
-order, so the same bits.
 ``KVKIT_DECODE_K3V4=0`` / ``1`` / ``2`` (turboquant_k3v4_nc at head_dim 256 and 64, the
 tensor-core stage 1): as before / at 256 each lane's 3-bit key codes as two
 interleaved 12-byte chunks (fewer shared-memory bank conflicts on the 230-byte slot rows; the
@@ -456,9 +449,6 @@ _FAMILY_SWITCHES = (
     # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before
     # (0) (decode_nvfp4.cu KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).
     ("KVKIT_DECODE_NV_PACK", ("0", "1", "2"), ("nvfp4",)),
-    # NVFP4's tile-pair loop as a hot loop for the common pair beside the general pair body
-    # (1), or as before (0, the default) (decode_core.cuh KVD_NV_COLD; the same bits).
-    ("KVKIT_DECODE_NV_COLD", ("0", "1"), ("nvfp4",)),
     # turboquant_k3v4_nc: at head_dim 256 lane-interleaved key runs and a token order, at 64 a
     # token order (1, the default); the runs alone (2); or as before (0) (decode_turboquant.cu
     # KV_TQ_KSPLIT, KV_MMA_TOKEN_A).

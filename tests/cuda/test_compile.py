@@ -230,9 +230,7 @@ def test_tensor_core_decode_does_not_spill(arch):
     # default 0); "-tqpv16": TurboQuant's codebook presets with the PV on fp16 mma
     # and "-tqpv16_0" the bf16 PV before it (KVKIT_DECODE_TQ_PV16=1, the default, and =0, A/B
     # runs); "-nocap": the build a decode without a soft-cap runs (KV_SOFTCAP=0: the tanh
-    # left out of the loops; the entries without it are the soft-cap builds); "-nvcold1":
-    # NVFP4's pair loop with a hot copy for the common pair (KVKIT_DECODE_NV_COLD=1, A/B runs;
-    # default 0; test_nvfp4_nv_cold_does_not_spill has its other shapes and targets).
+    # left out of the loops; the entries without it are the soft-cap builds).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -259,7 +257,6 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tqpv16": ("KVKIT_DECODE_TQ_PV16", "1"),
         "tqpv16_0": ("KVKIT_DECODE_TQ_PV16", "0"),
         "nocap": ("KV_SOFTCAP", "0"),
-        "nvcold1": ("KVKIT_DECODE_NV_COLD", "1"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -274,7 +271,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_k3v4_nc-tq17", "turboquant_4bit_nc-tqpv16",
                  "turboquant_3bit_nc-tqpv16", "turboquant_k3v4_nc-tqpv16",
                  "turboquant_4bit_nc-tqpv16_0", "nvfp4-nocap", "turboquant_4bit_nc-nocap",
-                 "turboquant_3bit_nc-nocap", "fp16-nocap", "nvfp4-nvcold1"):  # fmt: skip
+                 "turboquant_3bit_nc-nocap", "fp16-nocap"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
@@ -317,30 +314,6 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
                 defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **extra)
                 cases.append((name, tuple(extra), group, q_len))
                 jobs.append(("decode_turboquant.cu", defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
-
-
-@pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
-def test_nvfp4_nv_cold_does_not_spill(arch):
-    """NVFP4's pair loop with a hot copy for the common pair (KVKIT_DECODE_NV_COLD=1: the pair
-    body inlined twice, decode_mma_pairs.cuh) at the 128-register cap of four CTAs per SM: no
-    spills on the tensor-core shapes, the no-soft-cap builds (KV_SOFTCAP=0, what decodes
-    without a soft-cap run) at head_dim 64, 128 and 256 and the soft-cap builds at 128, fp16
-    queries and at 128 bf16 / float32 ones. At 128 with 8 query rows of q_len > 1 ptxas
-    spilled 4 bytes either with the hot copy's own issue (no soft-cap) or without it (soft-cap):
-    decode_core.cuh KVD_NV_COLD_ISSUE picks per build. (sm_120a: no pairs, the same build.)"""
-    cases, jobs = [], []
-    shapes = [(d, g, q, "1", "0") for d in (64, 128, 256) for g, q in ((4, 1), (2, 4), (8, 1))]
-    shapes += [(128, 4, 2, "1", "0"), (128, 8, 1, "0", "0"), (128, 2, 4, "2", "0")]
-    shapes += [(128, g, q, "1", None) for g, q in ((4, 1), (2, 4), (8, 1), (4, 2))]
-    for d, group, q_len, q_dtype, softcap in shapes:
-        defines = dict(formats.get("nvfp4", d).cuda_defines())
-        defines.update(KV_IN_DTYPE=q_dtype, KV_GROUP=str(group), KV_Q_LEN=str(q_len),
-                       KVKIT_DECODE_NV_COLD="1")  # fmt: skip
-        if softcap is not None:
-            defines["KV_SOFTCAP"] = softcap
-        cases.append((d, group, q_len, q_dtype, softcap))
-        jobs.append(("decode_nvfp4.cu", defines, arch))
     assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
 
 

@@ -515,17 +515,13 @@ def assert_bad_pages_agree(
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
     # the same, pairs and pair addresses on.
     # KVKIT_DECODE_TQ17 (TurboQuant's aligned value words, held key-run alignment, unguarded
-    # softmax): the same. KVKIT_DECODE_NV_COLD (NVFP4's hot pair loop, on top of the issue
-    # trims, pinned on): the same.
+    # softmax): the same.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
-                        "KVKIT_DECODE_TQ17", "KVKIT_DECODE_NV_COLD")  # fmt: skip
+                        "KVKIT_DECODE_TQ17")  # fmt: skip
     if var == "KVKIT_DECODE_NV_PACK" or cp_pairs:
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17",
-               "KVKIT_DECODE_NV_COLD"):  # fmt: skip
+    if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    if var == "KVKIT_DECODE_NV_COLD":
-        monkeypatch.setenv("KVKIT_DECODE_NV_ISSUE", "1")
     assert pairs or pair_addr or var in _TILE_LOOP_SWITCHES
     if not pairs:
         # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
@@ -1438,91 +1434,6 @@ def test_nv_issue_matches_float64_at_every_split_count(cp, name, group, q_len, m
                 seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
                 seed=14 + group)  # fmt: skip
     check_against_reference(case)
-
-
-# --- NVFP4's hot pair loop (KVKIT_DECODE_NV_COLD, decode_core.cuh KVD_NV_COLD) ---------------
-# 1: the pair body built twice, a hot copy for the common pair (both tiles whole and visible,
-# both issues' pages good in pages of <= 64 tokens: no softmax masks, no general issue) in a
-# loop of its own, and the general copy for the other pairs; the same operations in the same
-# order: the same bits as 0. On top of the issue trims (pair addresses and KVKIT_DECODE_NV_ISSUE
-# pinned on). The cases move between the copies: ragged ends (a split's last pair partial, odd
-# last tiles), pages of 16, 64 and 128 tokens (128: the general copy every pair on sm_90),
-# windows (masked pairs before the window's start, hot ones after it), causal q_len 2 and 4,
-# page-window refills, bad pages, a soft-cap and sinks (the soft-cap build), head_dim 64, 128
-# and 256 (256: no pairs, both values the same build). Under KVKIT_ARCH=sm_80 the cp.async
-# pair loop (its hot copy keeps the per-thread issues); on sm_120 no pairs.
-
-
-def _nv_cold_pins(monkeypatch):
-    monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
-    monkeypatch.setenv("KVKIT_DECODE_NV_ISSUE", "1")
-
-
-@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (1, 2), (4, 2), (2, 4)])
-@pytest.mark.parametrize("block_size", [16, 64, 128])
-@pytest.mark.parametrize("window", [None, 70])
-def test_nv_cold_matches_the_build_before(cp, name, group, q_len, block_size, window,
-                                          monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_NV_COLD=1 against 0, bit for bit, at head_dim 128 on ragged ends, pages of
-    16, 64 and 128 tokens, a window and causal q_len 2 and 4, fp16 queries (the benchmark's;
-    float32 ones at 8 rows), 1 and 3 splits."""
-    _nv_cold_pins(monkeypatch)
-    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37, 41 * 64], window=window,
-                seed=block_size + 3 * group + q_len + 11,
-                q_dtype="float32" if group * q_len == 8 else "float16")  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_COLD", "1", "0")
-
-
-@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("head_dim", [64, 256])
-@pytest.mark.parametrize("group, q_len, window, q_dtype", [
-    (4, 1, None, "float16"), (1, 2, 90, "float32"), (8, 1, 5, "bfloat16"), (2, 4, None, "float16"),
-])  # fmt: skip
-def test_nv_cold_at_head_dims_64_and_256(cp, name, head_dim, group, q_len, window, q_dtype,
-                                         monkeypatch):  # fmt: skip
-    """The same at head_dim 64 (another stage size, the cp.async pairs' six stages under
-    KVKIT_ARCH=sm_80) and 256 (no pair loop: the same build both ways), a 5-token window
-    (splits with nothing visible) and bf16 / float32 queries."""
-    _nv_cold_pins(monkeypatch)
-    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
-                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window, seed=13 + group + q_len,
-                q_dtype=q_dtype)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_COLD", "1", "0")
-
-
-@pytest.mark.parametrize("block_size", [16, 64, 128])
-@pytest.mark.parametrize("window", [None, 2500])
-def test_nv_cold_refills_the_page_windows(cp, block_size, window, monkeypatch):
-    """Splits of 70 and 33 tiles (the hot copy's page-window refills, every 16 pairs; an odd
-    last tile in the single-tile loop; the window's start mid-split: general pairs before it,
-    hot ones after), fp16 queries, bit for bit against 0."""
-    _nv_cold_pins(monkeypatch)
-    case = Case("nvfp4", head_dim=128, hkv=1, group=4, q_len=1, block_size=block_size,
-                seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
-                seed=block_size + 12, q_dtype="float16")  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_COLD", "1", "0")
-
-
-@pytest.mark.parametrize("name", PAIR_ADDR_NAMES)
-@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 4)])
-def test_nv_cold_with_a_soft_cap_and_sinks(cp, name, group, q_len, monkeypatch):
-    """The soft-cap build (its tanh in both copies) with sinks, bit for bit against 0."""
-    _nv_cold_pins(monkeypatch)
-    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=64,
-                seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=17 + group, q_dtype="float16")  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV_COLD", "1", "0")
-
-
-@pytest.mark.parametrize("block_size", [16, 64, 128])
-def test_nv_cold_flags_bad_pages_as_before(cp, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree: a pair with a bad page, or a bad page
-    in a window refilled by the hot copy, takes the general copy or masks) under
-    KVKIT_DECODE_NV_COLD=1 and 0: the same flag, the same outputs bit for bit."""
-    assert_bad_pages_agree("nvfp4", block_size, block_size + 4, monkeypatch,
-                           "KVKIT_DECODE_NV_COLD")  # fmt: skip
 
 
 # --- the same trims in TurboQuant's pair loop (KVKIT_DECODE_TQ_ISSUE, KVD_PAIR_TRIMS) ---------
