@@ -120,9 +120,24 @@ def test_decode_write_and_dequant_kernels_keep_no_local_memory(cp, loaded, name)
     spilled = sorted(
         (n, entry, kernel, {k: v for k, v in defines if k in _NAMED})
         for (entry, kernel, defines), n in found.items()
-        if n
+        if n > _allowed(entry, dict(defines))
     )
     assert spilled == [], f"{len(spilled)} of {len(found)} kernels use local memory: {spilled[:6]}"
+
+
+def _allowed(entry: str, defines: dict) -> int:
+    """Local bytes a build may hold. One, measured: the FP8-key TurboQuant write with 16-bit
+    inputs at its sm_90 cap of 16 CTAs an SM (kvkit/cuda/write.py _TQ_MIN_CTAS_FP8K_SM90_F16,
+    32 registers) has an 8-byte stack frame under NVRTC 12.9 and 13.0 ("0 bytes spill
+    stores"; none at 12 CTAs, 40 registers). Its H200 rows were measured with the frame;
+    whether 12 CTAs is as fast is open (benchmarks/NOTES.md v20)."""
+    if (
+        entry == "write_turboquant.cu"
+        and defines.get("TQ_KEY_FP8") == "1"
+        and defines.get("TQ_MIN_CTAS_SM90") == "16"
+    ):
+        return 8
+    return 0
 
 
 #: Defines that say which build a kernel is, for the failure message.
