@@ -118,9 +118,12 @@ def test_decode_write_and_dequant_kernels_keep_no_local_memory(cp, loaded, name)
         e.startswith("write_") for e in entries
     ), entries
     spilled = sorted(
-        (n, entry, kernel, {k: v for k, v in defines if k in _NAMED})
-        for (entry, kernel, defines), n in found.items()
-        if n > _allowed(entry, dict(defines))
+        (
+            (n, entry, kernel, {k: v for k, v in defines if k in _NAMED})
+            for (entry, kernel, defines), n in found.items()
+            if n > _allowed(entry, dict(defines))
+        ),
+        key=repr,
     )
     assert spilled == [], f"{len(spilled)} of {len(found)} kernels use local memory: {spilled[:6]}"
 
@@ -129,8 +132,8 @@ def _allowed(entry: str, defines: dict) -> int:
     """Local bytes a build may hold. One, measured: the FP8-key TurboQuant write with 16-bit
     inputs at its sm_90 cap of 16 CTAs an SM (kvkit/cuda/write.py _TQ_MIN_CTAS_FP8K_SM90_F16,
     32 registers) has an 8-byte stack frame under NVRTC 12.9 and 13.0 ("0 bytes spill
-    stores"; none at 12 CTAs, 40 registers). Its H200 rows were measured with the frame;
-    whether 12 CTAs is as fast is open (benchmarks/NOTES.md v20)."""
+    stores"; none at 12 CTAs, 40 registers). Its H200 rows were measured with the frame, and
+    12 CTAs measured 4% slower (benchmarks/NOTES.md v20, call 5)."""
     if (
         entry == "write_turboquant.cu"
         and defines.get("TQ_KEY_FP8") == "1"
