@@ -944,6 +944,27 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // pair, which the lane offsets of KVD_PAIR_ADDR hold instead (static walk, sm_90, 4 x 1, with
 // the value windows: 1779 per pair in order without pair addresses, 1790 with them, 1790 with
 // them and the order, 1852 with the order alone), against 28 fewer wavefronts per warp-tile.
+// -DKVKIT_DECODE_TQ3_BANKS (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// takes turboquant_3bit_nc's staged slot loads at head_dim 128 in a bank-friendly token order
+// (below; every G and q_len: the single-tile loop of G * q_len > 4 reads the rows through
+// kv_mma_tok, the tile pairs through their lane offsets). Why: Nsight Compute at (32, 4096),
+// Hq = 128 (G = 16; H200, session 20) has 3bit_nc executing no more warp instructions than
+// 4bit_nc (60.8 M vs 61.2 M) but 32% more short-scoreboard stalls (shared-memory results).
+// The wavefront model (tests/cuda/test_tq_token_order_model.py, the loads this build issues:
+// the key run as 3 + 1 words, the norm, the value scale and zero of the score tokens, the
+// values as three 2-byte units per PV token) puts the 102-byte rows' key words 3-way on the
+// banks: 28 key + 32 value wavefronts per warp-tile in 26 loads (4bit_nc: 22 + 36 in 32);
+// this order, the best of the form a(c) + B e + K f (and of a search over free permutations),
+// 18 + 28. The value units stay 2-way (six-byte lane strides: 44 words for 4 tokens). Another
+// float32 order (which lane sums which token): not bit for bit with 0. In launches whose
+// slots are staged as padded 112-byte rows (caches without token-contiguous slot slabs) the
+// order costs instead (model: 10 + 28 -> 20 + 32).
+#ifndef KVKIT_DECODE_TQ3_BANKS
+#define KVKIT_DECODE_TQ3_BANKS 0
+#endif
+#if KVKIT_DECODE_TQ3_BANKS < 0 || KVKIT_DECODE_TQ3_BANKS > 1
+#error "KVKIT_DECODE_TQ3_BANKS: 0 or 1"
+#endif
 #if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
     (KVKIT_DECODE_TQ_TOKEN_ORDER >= 1 || KVKIT_DECODE_TQ3_256 >= 2)
 // a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
@@ -960,6 +981,13 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
     KVKIT_DECODE_K3V4 == 1
 // a(c) = 2 c; B = 8, K = 1 (KVKIT_DECODE_K3V4 above): with the interleaved key runs 34 + 28
 // wavefronts per warp-tile (the best of the form; in order 52 + 28)
+#define KV_MMA_TOKEN_A 0x6420u
+#define KV_MMA_TOKEN_B 8
+#define KV_MMA_TOKEN_K 1
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 128 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
+    KVKIT_DECODE_TQ3_BANKS == 1
+// 3bit_nc at D = 128 (102-byte rows; KVKIT_DECODE_TQ3_BANKS=1, above): a(c) = 2 c; B = 8,
+// K = 1, 4bit_nc's order at 256: tokens 0 8 2 10 4 12 6 14 1 9 3 11 5 13 7 15
 #define KV_MMA_TOKEN_A 0x6420u
 #define KV_MMA_TOKEN_B 8
 #define KV_MMA_TOKEN_K 1
