@@ -103,6 +103,11 @@ bf16 operands, so the same bits) / that plus turboquant_3bit_nc's bank-friendly 
 with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order with
 ``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
 same attention; the default). A/B runs.
+``KVKIT_DECODE_TQ3_BANKS=0`` / ``1`` (turboquant_3bit_nc at head_dim 128, the tensor-core stage
+1; A/B runs; unset: 0): tokens in order / a warp's 16 staged tokens in a bank-friendly order
+(fewer shared-memory wavefronts of the key and value loads of the unpadded 102-byte slots;
+decode_turboquant.cu); which lane sums which token changes: float32 rounding apart, the same
+attention.
 ``KVKIT_DECODE_NV_PACK=0`` / ``1`` / ``2`` (NVFP4, every arch; A/B runs; unset: 1 from head_dim
 128, 2 below): 0, as before; 1, at G * q_len <= 4 the mma's padding columns 4..7 carry the
 query rows again and P's fp16 lo part, so one PV mma per m-tile and tile does what two did (the
@@ -445,6 +450,9 @@ _FAMILY_SWITCHES = (
     # bits), and 3bit_nc's token order with pair addresses as well (2) (decode_turboquant.cu
     # KV_TQ_V_WINS); unset: 2 (0 is the build before).
     ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
+    # turboquant_3bit_nc at head_dim 128: a warp's staged tokens in a bank-friendly order (1),
+    # or in order (0, the default) (decode_turboquant.cu KVKIT_DECODE_TQ3_BANKS).
+    ("KVKIT_DECODE_TQ3_BANKS", ("0", "1"), ("turboquant",)),
     # NVFP4: P's fp16 parts in the mma's padding columns at <= 4 query rows and the unguarded
     # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before
     # (0) (decode_nvfp4.cu KV_NV_PACK; decode_mma.cuh KV_MMA_PACK_F16, KV_MMA_EXP_CLAMP).

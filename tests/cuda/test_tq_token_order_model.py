@@ -12,6 +12,7 @@ value scale and zero. Wavefronts per warp instruction: the most distinct 4-byte 
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -176,3 +177,143 @@ def test_k3v4_d64_order_cuts_the_bank_conflicts():
     tok = [((a >> (4 * ((i >> 1) & 3))) & 15) + b * (i & 1) + k * (i >> 3) for i in range(16)]
     assert sorted(tok) == IDENT
     assert d64_wavefronts(geo, tok) == (14, 24)
+
+
+# --- head_dim 128 and 64: the loads the default builds issue (KVKIT_DECODE_TQ3_BANKS) ---
+#
+# tile_wavefronts / d64_wavefronts above read the value scale and zero from the PV tokens' rows
+# (4 loads each per warp-tile); the kernel reads them from the score tokens' rows (kv_mma_vtok
+# of kr[tt] in decode_mma.cuh and of the pair loop's kv[h][tt]: 2 each), as the key norm. The
+# model below follows the kernel, for the builds at D = 128 (the single-tile loop of G * q_len
+# > 4 and the tile pairs of G * q_len <= 4 issue the same loads: KV_TQ17 is 0 there) and D = 64
+# (the tile pairs, KV_TQ17 = 1):
+# - key codes: lane c's run of tokens tok(g), tok(g + 8) at byte KV_TQ_RUN_BYTES c of the row,
+#   KV_TQ_RUN_WORDS + 1 aligned words from the 4-byte boundary below (kv_tq_load_words; the
+#   pairs' kv_mma_kload_al at D = 64 the same words); the key norm: one 2-byte load per token;
+# - value codes, lane group g, tokens tok(2 c + (k & 1) + 8 (k >> 1)): 3-bit values at D = 128
+#   three 2-byte units at byte 6 g (KV_TQ_V_HALVES), at D = 64 two 2-byte units at 3 g - (g & 1)
+#   (KV_TQ_V_WORD); 4-bit values at D = 128 four 2-byte units at 8 g (kv_mma_vload_t), at D = 64
+#   one word where the run is 4-byte aligned, else two 2-byte units (kv_mma_vload_at4; k3v4_nc's
+#   order there has rows of both parities per k, so always two units: VAL4 false); the value
+#   scale and zero: one 2-byte load each per score token.
+# (key, value) wavefronts per warp-tile; the 3-bit key table's loads (lane l on bank l, one
+# wavefront each) and the query's ldmatrix are the same for every preset and order.
+
+
+def slot_loads(geo: dict, tok: list[int], stride: int | None = None) -> tuple[list, list]:
+    """The warp's key and value shared-memory load instructions of one warp-tile, each as the
+    32 lanes' word indices; stride: the staged row stride (default: the unpadded slot)."""
+    d, slot = geo["D"], stride or geo["slot"]
+    run = (d // 4) * geo["kb"] // 8
+    keys, vals = [], []
+    for tt in (0, 1):
+        rows = [tok[(lane >> 2) + 8 * tt] * slot for lane in range(32)]
+        base = [r + run * (lane & 3) for lane, r in enumerate(rows)]
+        for i in range((run + 3) // 4 + 1):
+            keys.append([b // 4 + i for b in base])
+        keys.append([(r + geo["norm"]) // 4 for r in rows])
+        vals.append([(r + geo["scale"]) // 4 for r in rows])
+        vals.append([(r + geo["zero"]) // 4 for r in rows])
+    vbytes = (d // 8) * geo["vb"] // 8
+    for k in range(4):
+        rows = [tok[2 * (lane & 3) + (k & 1) + 8 * (k >> 1)] * slot for lane in range(32)]
+        g = [lane >> 2 for lane in range(32)]
+        if geo["vb"] == 3 and d == 64:  # KV_TQ_V_WORD
+            base = [r + geo["voff"] + 3 * x - (x & 1) for r, x in zip(rows, g, strict=True)]
+            units = 2
+        else:
+            base = [r + geo["voff"] + vbytes * x for r, x in zip(rows, g, strict=True)]
+            units = vbytes // 2
+            align = {b % 4 for b in base}
+            if d == 64 and geo["vb"] == 4 and align == {0}:  # kv_mma_vload_at4, aligned run
+                vals.append([b // 4 for b in base])
+                continue
+        for i in range(units):
+            vals.append([(b + 2 * i) // 4 for b in base])
+    return keys, vals
+
+
+def slot_wavefronts(geo: dict, tok: list[int], stride: int | None = None) -> tuple[int, int]:
+    keys, vals = slot_loads(geo, tok, stride)
+    return sum(map(wavefronts, keys)), sum(map(wavefronts, vals))
+
+
+def order_forms():
+    """Every token order of the form tok(2 c + e + 8 f) = a(c) + B e + K f that is a permutation
+    of 0..15, as (a, B, K): the translates a(c) + {0, B, K, B + K} tile 0..15, so the smallest
+    token not yet covered is the next a (the set of a is fixed by B and K), in any of its 24
+    orders over c."""
+    for b in range(1, 16):
+        for k in range(1, 16):
+            shape = {0, b, k, b + k}
+            if len(shape) < 4 or b + k > 15:
+                continue
+            covered: set[int] = set()
+            starts: list[int] = []
+            while len(covered) < 16:
+                x = min(set(range(16)) - covered)
+                cells = {x + s for s in shape}
+                if cells & covered or max(cells) > 15:
+                    break
+                covered |= cells
+                starts.append(x)
+            if len(covered) == 16:
+                for a in itertools.permutations(starts):
+                    yield a, b, k
+
+
+def form_tokens(a, b: int, k: int) -> list[int]:
+    return [a[(i >> 1) & 3] + b * (i & 1) + k * (i >> 3) for i in range(16)]
+
+
+def kernel_order_at(d: int, kb: int, vb: int) -> list[int]:
+    """The token order decode_turboquant.cu defines first for this head_dim and preset."""
+    m = re.search(
+        rf"KV_HEAD_DIM == {d} && TQ_KEY_BITS == {kb} && TQ_VALUE_BITS == {vb} &&.*?\n"
+        r"#define KV_MMA_TOKEN_A (0x[0-9a-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
+        r"#define KV_MMA_TOKEN_K (\d+)",
+        SRC.read_text(),
+        re.S,
+    )
+    a = int(m.group(1), 16)
+    return form_tokens([(a >> (4 * c)) & 15 for c in range(4)], int(m.group(2)), int(m.group(3)))
+
+
+@pytest.mark.parametrize(
+    "name, d, in_order, best",
+    [
+        ("turboquant_3bit_nc", 128, (28, 32), (18, 28)),
+        ("turboquant_4bit_nc", 128, (22, 36), (22, 36)),
+        ("turboquant_k3v4_nc", 128, (18, 36), (18, 36)),
+        ("turboquant_3bit_nc", 64, (20, 20), (17, 20)),
+        ("turboquant_4bit_nc", 64, (14, 22), (14, 16)),
+        ("turboquant_k3v4_nc", 64, (20, 28), (14, 20)),
+    ],
+)
+def test_d128_d64_wavefronts_in_order_and_best_of_the_form(name, d, in_order, best):
+    """Wavefronts per warp-tile, tokens in order and in the best order of the form (the
+    smallest key + value sum, ties by key). 3bit_nc at D = 128 is no worse than 4bit_nc in
+    order (60 against 58; in 26 loads against 32, so more per load: its key words 3-way), and
+    the form takes it to 46 (-23%); at D = 64 3bit_nc 40 against 4bit_nc's 36, and the form
+    only to 37 (a free permutation reached 26 in a local search, but the tile pairs hold a
+    lane's rows as one offset plus constants: KVKIT_DECODE_TQ_TOKEN_ORDER's comment)."""
+    geo = slot_geometry(name, d)
+    assert slot_wavefronts(geo, IDENT) == in_order
+    found = min((sum(w), w) for w in (slot_wavefronts(geo, form_tokens(*f)) for f in order_forms()))
+    assert found[1] == best
+
+
+def test_tq3_banks_order_at_d128():
+    """KVKIT_DECODE_TQ3_BANKS=1's order for 3bit_nc at D = 128 (a(c) = 2 c, B = 8, K = 1)
+    reaches the best of the form, 18 + 28 from 28 + 32; in staged rows padded to 112 bytes
+    (launches without token-contiguous slot slabs) it costs: 10 + 28 -> 20 + 32."""
+    geo = slot_geometry("turboquant_3bit_nc", 128)
+    tok = kernel_order_at(128, 3, 3)
+    assert sorted(tok) == IDENT
+    assert tok == form_tokens([0, 2, 4, 6], 8, 1)
+    assert slot_wavefronts(geo, tok) == (18, 28)
+    keys, vals = slot_loads(geo, tok)
+    assert (len(keys), len(vals)) == (10, 16)  # the same loads, in order as well
+    assert [wavefronts(x) for x in keys] == [2, 2, 2, 2, 1] * 2  # in order: [3, 3, 3, 3, 2] * 2
+    assert slot_wavefronts(geo, IDENT, stride=112) == (10, 28)
+    assert slot_wavefronts(geo, tok, stride=112) == (20, 32)
