@@ -1996,6 +1996,85 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
     check_against_reference(case)
 
 
+# --- 3bit_nc's token order at head_dim 128 (KVKIT_DECODE_TQ3_BANKS, decode_turboquant.cu) ---
+# 1: a warp's 16 staged tokens in a bank-friendly order (a(c) = 2 c, B = 8, K = 1) in the
+# single-tile loop (G * q_len > 4 at head_dim 128, and every build through KVKIT_ARCH=sm_80)
+# and the tile pairs (<= 4 rows on sm_90 / sm_100, their lane offsets): which lane sums which
+# token changes, so within float32 reassociation of 0 and within DECODE_GPU_RTOL of float64.
+# Head_dim 64 and 256 and the other presets build the same code under 1: bit for bit.
+TQ3_BANKS_CASES = [
+    # (group, q_len, block_size, window): pairs (<= 4 rows), the single-tile loop (8, 16, 32
+    # rows), pages below and above the 16-token tile, causal q_len 2, windows.
+    (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 64, None), (8, 1, 16, 90),
+    (16, 1, 16, None), (16, 1, 64, 70), (1, 2, 64, None), (4, 2, 16, 90), (8, 2, 64, None),
+    (16, 2, 16, None), (16, 2, 64, 200),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("group, q_len, block_size, window", TQ3_BANKS_CASES)
+def test_tq3_banks_matches_the_build_before(cp, group, q_len, block_size, window, monkeypatch):
+    """turboquant_3bit_nc at head_dim 128, KVKIT_DECODE_TQ3_BANKS=1 against 0 (float32
+    reassociation): ragged lengths (partial and odd last tiles, warps without a page in the
+    last tile), 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
+                window=window, seed=block_size + 3 * group + q_len + 61)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+@pytest.mark.parametrize("group", [4, 16])
+def test_tq3_banks_refills_the_page_windows(cp, block_size, group, monkeypatch):
+    """Splits of 70 (even) and 33 (odd) tiles (page-window refills between pairs; the
+    single-tile loop at 16 rows), with and without a window, against 0."""
+    for window in (None, 2500):
+        case = Case("turboquant_3bit_nc", head_dim=128, hkv=1, group=group, q_len=1,
+                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
+                    window=window, seed=block_size + group + 67)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize(
+    "name, head_dim", [("turboquant_3bit_nc", 64), ("turboquant_3bit_nc", 256),
+                       ("turboquant_4bit_nc", 128), ("turboquant_k3v4_nc", 128)]
+)  # fmt: skip
+@pytest.mark.parametrize("group, q_len", [(4, 1), (16, 1), (8, 2)])
+def test_tq3_banks_leaves_the_others_alone(cp, name, head_dim, group, q_len, monkeypatch):
+    """KVKIT_DECODE_TQ3_BANKS=1 builds the same code for 3bit_nc at head_dim 64 and 256 and for
+    the other presets: bit for bit against 0."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None,
+                seed=head_dim + group + q_len + 71)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0")
+
+
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (16, 1), (2, 2), (16, 2)])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_tq3_banks_matches_float64_at_every_split_count(cp, group, q_len, block_size,
+                                                        monkeypatch):  # fmt: skip
+    """turboquant_3bit_nc at head_dim 128 under KVKIT_DECODE_TQ3_BANKS=1: every split count
+    (1, 3, MAX_SPLITS, the heuristic) within DECODE_GPU_RTOL of float64 and
+    SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ3_BANKS", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True,
+                softcap=30.0, seed=37 + group + q_len + block_size)  # fmt: skip
+    check_against_reference(case)
+
+
+@pytest.mark.parametrize("group", [4, 16])
+def test_tq3_banks_token_major_planes(cp, group, monkeypatch):
+    """Token-major (NHD) slot planes (no slab copies: padded staging rows, where the order
+    costs wavefronts instead) under KVKIT_DECODE_TQ3_BANKS=1: within DECODE_GPU_RTOL of
+    float64 at 1 and 3 splits."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ3_BANKS", "1")
+    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=1, block_size=32,
+                seq_lens=[70, 33, 300], seed=group + 79)  # fmt: skip
+    store_token_major(cp, case)
+    check_against_reference(case, split_choices=(1, 3))
+
+
 # --- TurboQuant's pair-loop cuts (KVKIT_DECODE_TQ17, decode_turboquant.cu KV_TQ17) ----------
 # The codebook presets: value-code words loaded by the staged rows' alignment known at compile
 # time (kv_mma_vload_at4; the tile pairs with pair addresses), each lane's key-run alignment
