@@ -944,7 +944,7 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // pair, which the lane offsets of KVD_PAIR_ADDR hold instead (static walk, sm_90, 4 x 1, with
 // the value windows: 1779 per pair in order without pair addresses, 1790 with them, 1790 with
 // them and the order, 1852 with the order alone), against 28 fewer wavefronts per warp-tile.
-// -DKVKIT_DECODE_TQ3_BANKS (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// -DKVKIT_DECODE_TQ3_BANKS (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build before): 1
 // takes turboquant_3bit_nc's staged slot loads at head_dim 128 in a bank-friendly token order
 // (below; every G and q_len: the single-tile loop of G * q_len > 4 reads the rows through
 // kv_mma_tok, the tile pairs through their lane offsets). Why: Nsight Compute at (32, 4096),
@@ -959,8 +959,13 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // float32 order (which lane sums which token): not bit for bit with 0. In launches whose
 // slots are staged as padded 112-byte rows (caches without token-contiguous slot slabs) the
 // order costs instead (model: 10 + 28 -> 20 + 32).
+// Measured on the H200 (session 20, call 6; 3bit_nc graph ms, 0 / 0 -> 1 / 1): (32, 4096)
+// Hq = 128 0.1404 / 0.1406 -> 0.1374 / 0.1372 (4bit_nc 0.1372 / 0.1371, the same build either
+// way, 0.1376 / 0.1362), (64, 8192) 0.2217 / 0.2233 -> 0.2121 / 0.2161, (1, 131072) 0.0645 /
+// 0.0648 -> 0.0624 / 0.0626, (8, 8192) 0.0380 / 0.0378 -> 0.0366 / 0.0368; Nsight Compute at
+// Hq = 128: short-scoreboard stall samples 2925 -> 2394, stage 1 184.8 -> 179.1 us. Default 1.
 #ifndef KVKIT_DECODE_TQ3_BANKS
-#define KVKIT_DECODE_TQ3_BANKS 0
+#define KVKIT_DECODE_TQ3_BANKS 1
 #endif
 #if KVKIT_DECODE_TQ3_BANKS < 0 || KVKIT_DECODE_TQ3_BANKS > 1
 #error "KVKIT_DECODE_TQ3_BANKS: 0 or 1"

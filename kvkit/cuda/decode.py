@@ -104,7 +104,7 @@ with the tile pairs' lane offsets (``KVKIT_DECODE_TQ_TOKEN_ORDER=1``'s order wit
 ``KVKIT_DECODE_PAIR_ADDR`` on; which lane sums which token changes: float32 rounding apart, the
 same attention; the default). A/B runs.
 ``KVKIT_DECODE_TQ3_BANKS=0`` / ``1`` (turboquant_3bit_nc at head_dim 128, the tensor-core stage
-1; A/B runs; unset: 0): tokens in order / a warp's 16 staged tokens in a bank-friendly order
+1; A/B runs; unset: 1): tokens in order / a warp's 16 staged tokens in a bank-friendly order
 (fewer shared-memory wavefronts of the key and value loads of the unpadded 102-byte slots;
 decode_turboquant.cu); which lane sums which token changes: float32 rounding apart, the same
 attention.
@@ -451,7 +451,7 @@ _FAMILY_SWITCHES = (
     # KV_TQ_V_WINS); unset: 2 (0 is the build before).
     ("KVKIT_DECODE_TQ3_256", ("0", "1", "2"), ("turboquant",)),
     # turboquant_3bit_nc at head_dim 128: a warp's staged tokens in a bank-friendly order (1),
-    # or in order (0, the default) (decode_turboquant.cu KVKIT_DECODE_TQ3_BANKS).
+    # the default, or in order (0, the build before) (decode_turboquant.cu KVKIT_DECODE_TQ3_BANKS).
     ("KVKIT_DECODE_TQ3_BANKS", ("0", "1"), ("turboquant",)),
     # NVFP4: P's fp16 parts in the mma's padding columns at <= 4 query rows and the unguarded
     # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before
