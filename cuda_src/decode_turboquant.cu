@@ -970,6 +970,22 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if KVKIT_DECODE_TQ3_BANKS < 0 || KVKIT_DECODE_TQ3_BANKS > 1
 #error "KVKIT_DECODE_TQ3_BANKS: 0 or 1"
 #endif
+// -DKVKIT_DECODE_TQ4_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// takes turboquant_4bit_nc's staged slot loads at head_dim 64 (70-byte rows) in the order
+// a(c) = 4 c, B = 1, K = 2 (tokens 0 1 4 5 8 9 12 13 2 3 6 7 10 11 14 15). Why: the wavefront
+// model (tests/cuda/test_tq_token_order_model.py) has the value loads at 22 wavefronts per
+// warp-tile in order and 18 in this order, the best of the form a(c) + B e + K f that keeps
+// the tile pairs' held key-run alignment (KAL: K rows a whole number of words apart, 140
+// bytes) and the value words' compile-time alignment (KV_MMA_VLOAD_AT4: every a(c) even);
+// the best form without them (B = 2, K = 1: 14 + 16) would load the key runs by their
+// run-time alignment again (+12 instructions a pair). The same loads and instructions; which
+// lane sums which token changes: float32 rounding apart, the same attention.
+#ifndef KVKIT_DECODE_TQ4_ORDER64
+#define KVKIT_DECODE_TQ4_ORDER64 0
+#endif
+#if KVKIT_DECODE_TQ4_ORDER64 < 0 || KVKIT_DECODE_TQ4_ORDER64 > 1
+#error "KVKIT_DECODE_TQ4_ORDER64: 0 or 1"
+#endif
 #if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
     (KVKIT_DECODE_TQ_TOKEN_ORDER >= 1 || KVKIT_DECODE_TQ3_256 >= 2)
 // a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
@@ -996,6 +1012,12 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #define KV_MMA_TOKEN_A 0x6420u
 #define KV_MMA_TOKEN_B 8
 #define KV_MMA_TOKEN_K 1
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 && \
+    KVKIT_DECODE_TQ4_ORDER64 == 1
+// 4bit_nc at D = 64 (KVKIT_DECODE_TQ4_ORDER64=1, above): a(c) = 4 c; B = 1, K = 2
+#define KV_MMA_TOKEN_A 0xC840u
+#define KV_MMA_TOKEN_B 1
+#define KV_MMA_TOKEN_K 2
 #elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && \
     KVKIT_DECODE_K3V4 == 1
 // k3v4_nc at D = 64 (62-byte rows; KVKIT_DECODE_K3V4=1): a(c) = 0, 1, 4, 5; B = 8, K = 2, the

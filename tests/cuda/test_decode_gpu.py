@@ -2075,6 +2075,64 @@ def test_tq3_banks_token_major_planes(cp, group, monkeypatch):
     check_against_reference(case, split_choices=(1, 3))
 
 
+# --- 4bit_nc's token order at head_dim 64 (KVKIT_DECODE_TQ4_ORDER64, decode_turboquant.cu) ---
+# 1: a(c) = 4 c, B = 1, K = 2 in the tile pairs (<= 4 rows at head_dim 64 on sm_90 / sm_100:
+# their lane offsets, with the key runs' held alignment and the value words' compile-time
+# alignment) and the single-tile loop (more rows; every build through KVKIT_ARCH=sm_80):
+# float32 reassociation of 0, DECODE_GPU_RTOL of float64. Other presets and head sizes build
+# the same code: bit for bit.
+TQ4_ORDER64_CASES = [
+    (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 16, 90), (16, 1, 64, None),
+    (1, 2, 64, None), (2, 2, 16, 90), (8, 2, 64, 200),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("group, q_len, block_size, window", TQ4_ORDER64_CASES)
+def test_tq4_order64_matches_the_build_before(cp, group, q_len, block_size, window, monkeypatch):
+    """turboquant_4bit_nc at head_dim 64, KVKIT_DECODE_TQ4_ORDER64=1 against 0 (float32
+    reassociation): ragged lengths, 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
+    case = Case("turboquant_4bit_nc", head_dim=64, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
+                window=window, seed=block_size + 3 * group + q_len + 83)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_tq4_order64_refills_the_page_windows(cp, block_size, monkeypatch):
+    """Splits of 70 (even) and 33 (odd) tiles (page-window refills between pairs), with and
+    without a window, against 0."""
+    for window in (None, 2500):
+        case = Case("turboquant_4bit_nc", head_dim=64, hkv=1, group=4, q_len=1,
+                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
+                    window=window, seed=block_size + 89)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize(
+    "name, head_dim", [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64),
+                       ("turboquant_k3v4_nc", 64)]
+)  # fmt: skip
+def test_tq4_order64_leaves_the_others_alone(cp, name, head_dim, monkeypatch):
+    """KVKIT_DECODE_TQ4_ORDER64=1 builds the same code for the other presets and head sizes:
+    bit for bit against 0."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
+                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None, seed=head_dim + 97)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0")
+
+
+@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (2, 2)])
+def test_tq4_order64_matches_float64_at_every_split_count(cp, group, q_len, monkeypatch):
+    """turboquant_4bit_nc at head_dim 64 under KVKIT_DECODE_TQ4_ORDER64=1: every split count
+    within DECODE_GPU_RTOL of float64 and SPLIT_INVARIANCE_RTOL of each other, with sinks and
+    a soft-cap."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ4_ORDER64", "1")
+    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
+    case = Case("turboquant_4bit_nc", head_dim=64, hkv=2, group=group, q_len=q_len,
+                block_size=16, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
+                seed=41 + group + q_len)  # fmt: skip
+    check_against_reference(case)
+
+
 # --- TurboQuant's pair-loop cuts (KVKIT_DECODE_TQ17, decode_turboquant.cu KV_TQ17) ----------
 # The codebook presets: value-code words loaded by the staged rows' alignment known at compile
 # time (kv_mma_vload_at4; the tile pairs with pair addresses), each lane's key-run alignment

@@ -317,3 +317,34 @@ def test_tq3_banks_order_at_d128():
     assert [wavefronts(x) for x in keys] == [2, 2, 2, 2, 1] * 2  # in order: [3, 3, 3, 3, 2] * 2
     assert slot_wavefronts(geo, IDENT, stride=112) == (10, 28)
     assert slot_wavefronts(geo, tok, stride=112) == (20, 32)
+
+
+def test_tq4_order64_keeps_the_alignments_and_cuts_the_value_wavefronts():
+    """KVKIT_DECODE_TQ4_ORDER64=1's order for 4bit_nc at D = 64 (a(c) = 4 c, B = 1, K = 2):
+    value loads 22 -> 18 wavefronts per warp-tile, keys unchanged at 14, the same loads; the
+    best of the form among orders whose K rows are a whole number of words apart (the pairs'
+    held key-run alignment) and whose a(c) are even (the value words' compile-time alignment);
+    the best without those conditions is 14 + 16."""
+    geo = slot_geometry("turboquant_4bit_nc", 64)
+    m = re.search(
+        r"KV_HEAD_DIM == 64 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 &&.*?\n"
+        r"#define KV_MMA_TOKEN_A (0x[0-9A-Fa-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
+        r"#define KV_MMA_TOKEN_K (\d+)",
+        SRC.read_text(),
+        re.S,
+    )
+    a, b, k = int(m.group(1), 16), int(m.group(2)), int(m.group(3))
+    starts = [(a >> (4 * c)) & 15 for c in range(4)]
+    tok = form_tokens(starts, b, k)
+    assert sorted(tok) == IDENT
+    assert (k * geo["slot"]) % 4 == 0 and all(x % 2 == 0 for x in starts)
+    assert slot_wavefronts(geo, IDENT) == (14, 22)
+    assert slot_wavefronts(geo, tok) == (14, 18)
+    in_order, ordered = slot_loads(geo, IDENT), slot_loads(geo, tok)
+    assert [len(x) for x in in_order] == [len(x) for x in ordered]
+    kept = [
+        sum(slot_wavefronts(geo, form_tokens(*f)))
+        for f in order_forms()
+        if (f[2] * geo["slot"]) % 4 == 0 and all(x % 2 == 0 for x in f[0])
+    ]
+    assert min(kept) == 32
