@@ -980,6 +980,11 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // the best form without them (B = 2, K = 1: 14 + 16) would load the key runs by their
 // run-time alignment again (+12 instructions a pair). The same loads and instructions; which
 // lane sums which token changes: float32 rounding apart, the same attention.
+// Measured on the H200 (session 20, call 10; 4bit_nc graph ms, 0 / 0 -> 1 / 1, 3bit_nc's
+// unchanged build beside it within +0.5%): (32, 4096) D = 64 0.0431 / 0.0435 -> 0.0427 /
+// 0.0430, (8, 8192) 0.0256 / 0.0259 -> 0.0255 / 0.0256, (1, 32768) 0.0174 / 0.0173 -> 0.0173 /
+// 0.0173: about 1%, the size of the spread. Default 0 until a full GPU suite and benchmark run
+// with 1 (its own tests, -k tq4_order64, passed natively and through sm_80).
 #ifndef KVKIT_DECODE_TQ4_ORDER64
 #define KVKIT_DECODE_TQ4_ORDER64 0
 #endif
