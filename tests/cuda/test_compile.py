@@ -68,6 +68,20 @@ def _spilled_builds(cases, results, mma: bool = False) -> list:
     return bad
 
 
+def _ptxas_builds(jobs) -> list:
+    """``_ptxas_builds(jobs)``, each build whose log came back without
+    ptxas's statistics compiled once more on its own. The H200 machine's NVRTC 13.0 returned
+    such logs for a different build in each run, with one compile thread or sixteen
+    (benchmarks/NOTES.md v20); a build whose second log lacks them too fails
+    ``_spilled_builds`` as before."""
+    jobs = list(jobs)
+    results = compile_entries(jobs, verbose_ptxas=True)
+    return [
+        res if _SPILL_RE.search(res.log) else compile_entry(*job, verbose_ptxas=True)
+        for job, res in zip(jobs, results, strict=True)
+    ]
+
+
 @cache
 def _built(arch: str):
     return compile_only(arch)
@@ -176,9 +190,8 @@ def _variants():
 @pytest.mark.parametrize("arch", TARGETS)
 def test_no_kernel_spills(arch):
     variants = _variants()
-    results = compile_entries(
-        [(entry, _defines(name, d, dt, slot_t), arch) for entry, name, d, dt, slot_t in variants],
-        verbose_ptxas=True,
+    results = _ptxas_builds(
+        (entry, _defines(name, d, dt, slot_t), arch) for entry, name, d, dt, slot_t in variants
     )
     assert _spilled_builds(variants, results) == []
 
@@ -298,7 +311,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                 defines[key] = value
             cases.append((name, group, q_len, d, q_dtype))
             jobs.append((_DECODE_ENTRY[fmt.family], defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
+    assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_89", "sm_90", "sm_100a", "sm_120a"])
@@ -325,7 +338,7 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
                 defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **extra)
                 cases.append((name, tuple(extra), group, q_len))
                 jobs.append(("decode_turboquant.cu", defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
+    assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
@@ -341,7 +354,7 @@ def test_k3v4_d64_token_order_does_not_spill(arch):
                        KVKIT_DECODE_K3V4="1")  # fmt: skip
         cases.append((group, q_len))
         jobs.append(("decode_turboquant.cu", defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True), mma=True) == []
+    assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []
 
 
 def test_module_files_are_compiled_once_and_reused(tmp_path, monkeypatch):
@@ -392,7 +405,7 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
                 assert defines["TQ_VARIANT"] == variant
                 cases.append((name, d, dt))
                 jobs.append(("write_turboquant.cu", defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
+    assert _spilled_builds(cases, _ptxas_builds(jobs)) == []
 
 
 # (The control flow in question is the same PTX on every target; three builds keep CI short.)
@@ -456,7 +469,7 @@ def test_dense_fast_body_does_not_spill(arch, monkeypatch):
         fmt = formats.get(name, 128)
         defines = _defines(name, 128, dt, "long long", **dense_launch_defines(fmt, dt))
         jobs.append(("write_dense.cu", defines, arch))
-    assert _spilled_builds(cases, compile_entries(jobs, verbose_ptxas=True)) == []
+    assert _spilled_builds(cases, _ptxas_builds(jobs)) == []
 
 
 def test_compile_entries_keeps_job_order_and_raises_a_failure():
