@@ -1020,7 +1020,7 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 && \
     KVKIT_DECODE_TQ4_ORDER64 == 1
 // 4bit_nc at D = 64 (KVKIT_DECODE_TQ4_ORDER64=1, above): a(c) = 4 c; B = 1, K = 2
-#define KV_MMA_TOKEN_A 0xC840u
+#define KV_MMA_TOKEN_A 0xc840u
 #define KV_MMA_TOKEN_B 1
 #define KV_MMA_TOKEN_K 2
 #elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 && \

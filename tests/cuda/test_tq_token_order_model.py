@@ -166,15 +166,7 @@ def test_k3v4_d64_order_cuts_the_bank_conflicts():
     assert d64_wavefronts(slot_geometry("turboquant_4bit_nc", 64), IDENT) == (14, 32)
     geo = slot_geometry("turboquant_k3v4_nc", 64)
     assert d64_wavefronts(geo, IDENT) == (20, 40)
-    m = re.search(
-        r"KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 4 &&.*?\n"
-        r"#define KV_MMA_TOKEN_A (0x[0-9a-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
-        r"#define KV_MMA_TOKEN_K (\d+)",
-        SRC.read_text(),
-        re.S,
-    )
-    a, b, k = int(m.group(1), 16), int(m.group(2)), int(m.group(3))
-    tok = [((a >> (4 * ((i >> 1) & 3))) & 15) + b * (i & 1) + k * (i >> 3) for i in range(16)]
+    tok = kernel_order_at(64, 3, 4)
     assert sorted(tok) == IDENT
     assert d64_wavefronts(geo, tok) == (14, 24)
 
@@ -326,18 +318,10 @@ def test_tq4_order64_keeps_the_alignments_and_cuts_the_value_wavefronts():
     held key-run alignment) and whose a(c) are even (the value words' compile-time alignment);
     the best without those conditions is 14 + 16."""
     geo = slot_geometry("turboquant_4bit_nc", 64)
-    m = re.search(
-        r"KV_HEAD_DIM == 64 && TQ_KEY_BITS == 4 && TQ_VALUE_BITS == 4 &&.*?\n"
-        r"#define KV_MMA_TOKEN_A (0x[0-9A-Fa-f]+)u\n#define KV_MMA_TOKEN_B (\d+)\n"
-        r"#define KV_MMA_TOKEN_K (\d+)",
-        SRC.read_text(),
-        re.S,
-    )
-    a, b, k = int(m.group(1), 16), int(m.group(2)), int(m.group(3))
-    starts = [(a >> (4 * c)) & 15 for c in range(4)]
-    tok = form_tokens(starts, b, k)
+    tok = kernel_order_at(64, 4, 4)
     assert sorted(tok) == IDENT
-    assert (k * geo["slot"]) % 4 == 0 and all(x % 2 == 0 for x in starts)
+    assert tok == form_tokens([0, 4, 8, 12], 1, 2)
+    assert (2 * geo["slot"]) % 4 == 0  # K = 2 rows: the pairs' held key-run alignment
     assert slot_wavefronts(geo, IDENT) == (14, 22)
     assert slot_wavefronts(geo, tok) == (14, 18)
     in_order, ordered = slot_loads(geo, IDENT), slot_loads(geo, tok)
