@@ -1996,68 +1996,93 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
     check_against_reference(case)
 
 
-# --- 3bit_nc's token order at head_dim 128 (KVKIT_DECODE_TQ3_BANKS, decode_turboquant.cu) ---
-# 1: a warp's 16 staged tokens in a bank-friendly order (a(c) = 2 c, B = 8, K = 1) in the
-# single-tile loop (G * q_len > 4 at head_dim 128, and every build through KVKIT_ARCH=sm_80)
-# and the tile pairs (<= 4 rows on sm_90 / sm_100, their lane offsets): which lane sums which
-# token changes, so within float32 reassociation of 0 and within DECODE_GPU_RTOL of float64.
-# Head_dim 64 and 256 and the other presets build the same code under 1: bit for bit.
-TQ3_BANKS_CASES = [
-    # (group, q_len, block_size, window): pairs (<= 4 rows), the single-tile loop (8, 16, 32
-    # rows), pages below and above the 16-token tile, causal q_len 2, windows.
-    (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 64, None), (8, 1, 16, 90),
-    (16, 1, 16, None), (16, 1, 64, 70), (1, 2, 64, None), (4, 2, 16, 90), (8, 2, 64, None),
-    (16, 2, 16, None), (16, 2, 64, 200),
+# --- TurboQuant token orders from the bank model (decode_turboquant.cu KV_MMA_TOKEN_A) --------
+# KVKIT_DECODE_TQ3_BANKS=1 (the default): 3bit_nc at head_dim 128, a(c) = 2 c, B = 8, K = 1.
+# KVKIT_DECODE_TQ4_ORDER64=1 (A/B runs): 4bit_nc at head_dim 64, a(c) = 4 c, B = 1, K = 2.
+# Both take a warp's 16 staged tokens in another order in the single-tile loop (more rows,
+# and every build through KVKIT_ARCH=sm_80) and in the tile pairs (<= 4 rows on sm_90 /
+# sm_100, their lane offsets): which lane sums which token changes, so within float32
+# reassociation of 0 and within DECODE_GPU_RTOL of float64. Other presets and head sizes
+# build the same code under 1: bit for bit.
+#: order -> (switch, preset, head_dim, seed offsets: build-before cases, refills, others)
+TOKEN_ORDERS = {
+    "tq3_banks": ("KVKIT_DECODE_TQ3_BANKS", "turboquant_3bit_nc", 128, (61, 67, 71)),
+    "tq4_order64": ("KVKIT_DECODE_TQ4_ORDER64", "turboquant_4bit_nc", 64, (83, 85, 92)),
+}
+#: (order, group, q_len, block_size, window): pairs (<= 4 rows), the single-tile loop (8, 16,
+#: 32 rows), pages below and above the 16-token tile, causal q_len 2, windows.
+TOKEN_ORDER_CASES = [
+    *(("tq3_banks", *c) for c in [
+        (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 64, None), (8, 1, 16, 90),
+        (16, 1, 16, None), (16, 1, 64, 70), (1, 2, 64, None), (4, 2, 16, 90), (8, 2, 64, None),
+        (16, 2, 16, None), (16, 2, 64, 200)]),
+    *(("tq4_order64", *c) for c in [
+        (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 16, 90), (16, 1, 64, None),
+        (1, 2, 64, None), (2, 2, 16, 90), (8, 2, 64, 200)]),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize("group, q_len, block_size, window", TQ3_BANKS_CASES)
-def test_tq3_banks_matches_the_build_before(cp, group, q_len, block_size, window, monkeypatch):
-    """turboquant_3bit_nc at head_dim 128, KVKIT_DECODE_TQ3_BANKS=1 against 0 (float32
-    reassociation): ragged lengths (partial and odd last tiles, warps without a page in the
-    last tile), 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
-    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=q_len,
+@pytest.mark.parametrize("order, group, q_len, block_size, window", TOKEN_ORDER_CASES)
+def test_token_order_matches_the_build_before(cp, order, group, q_len, block_size, window,
+                                              monkeypatch):  # fmt: skip
+    """The order's switch at 1 against 0 (float32 reassociation): ragged lengths (partial and
+    odd last tiles, warps without a page in the last tile), 1 and 3 splits; within
+    DECODE_GPU_RTOL of float64."""
+    var, name, head_dim, (seed, _, _) = TOKEN_ORDERS[order]
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
-                window=window, seed=block_size + 3 * group + q_len + 61)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0", exact="none")
+                window=window, seed=block_size + 3 * group + q_len + seed)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, var, "1", "0", exact="none")
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("group", [4, 16])
-def test_tq3_banks_refills_the_page_windows(cp, block_size, group, monkeypatch):
+@pytest.mark.parametrize("order, group", [("tq3_banks", 4), ("tq3_banks", 16), ("tq4_order64", 4)])
+def test_token_order_refills_the_page_windows(cp, order, group, block_size, monkeypatch):
     """Splits of 70 (even) and 33 (odd) tiles (page-window refills between pairs; the
     single-tile loop at 16 rows), with and without a window, against 0."""
+    var, name, head_dim, (_, seed, _) = TOKEN_ORDERS[order]
     for window in (None, 2500):
-        case = Case("turboquant_3bit_nc", head_dim=128, hkv=1, group=group, q_len=1,
-                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
-                    window=window, seed=block_size + group + 67)  # fmt: skip
-        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0", exact="none")
+        case = Case(name, head_dim=head_dim, hkv=1, group=group, q_len=1, block_size=block_size,
+                    seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300], window=window,
+                    seed=block_size + group + seed)  # fmt: skip
+        assert_builds_agree(case, monkeypatch, var, "1", "0", exact="none")
 
 
 @pytest.mark.parametrize(
-    "name, head_dim", [("turboquant_3bit_nc", 64), ("turboquant_3bit_nc", 256),
-                       ("turboquant_4bit_nc", 128), ("turboquant_k3v4_nc", 128)]
+    "order, name, head_dim, group, q_len",
+    [("tq3_banks", n, d, g, q)
+     for n, d in [("turboquant_3bit_nc", 64), ("turboquant_3bit_nc", 256),
+                  ("turboquant_4bit_nc", 128), ("turboquant_k3v4_nc", 128)]
+     for g, q in [(4, 1), (16, 1), (8, 2)]]
+    + [("tq4_order64", n, d, 4, 1)
+       for n, d in [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64),
+                    ("turboquant_k3v4_nc", 64)]],
 )  # fmt: skip
-@pytest.mark.parametrize("group, q_len", [(4, 1), (16, 1), (8, 2)])
-def test_tq3_banks_leaves_the_others_alone(cp, name, head_dim, group, q_len, monkeypatch):
-    """KVKIT_DECODE_TQ3_BANKS=1 builds the same code for 3bit_nc at head_dim 64 and 256 and for
-    the other presets: bit for bit against 0."""
+def test_token_order_leaves_the_others_alone(cp, order, name, head_dim, group, q_len, monkeypatch):
+    """The order's switch at 1 builds the same code for the other presets and head sizes: bit
+    for bit against 0."""
+    var, _, _, (_, _, seed) = TOKEN_ORDERS[order]
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=16,
                 seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None,
-                seed=head_dim + group + q_len + 71)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ3_BANKS", "1", "0")
+                seed=head_dim + group + q_len + seed)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, var, "1", "0")
 
 
-@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (16, 1), (2, 2), (16, 2)])
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_tq3_banks_matches_float64_at_every_split_count(cp, group, q_len, block_size,
-                                                        monkeypatch):  # fmt: skip
-    """turboquant_3bit_nc at head_dim 128 under KVKIT_DECODE_TQ3_BANKS=1: every split count
-    (1, 3, MAX_SPLITS, the heuristic) within DECODE_GPU_RTOL of float64 and
-    SPLIT_INVARIANCE_RTOL of each other, with sinks and a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_TQ3_BANKS", "1")
+@pytest.mark.parametrize(
+    "order, group, q_len, block_size",
+    [("tq3_banks", g, q, b) for g, q in [(1, 1), (4, 1), (8, 1), (16, 1), (2, 2), (16, 2)]
+     for b in (16, 64)]
+    + [("tq4_order64", g, q, 16) for g, q in [(1, 1), (4, 1), (8, 1), (2, 2)]],
+)  # fmt: skip
+def test_token_order_matches_float64_at_every_split_count(cp, order, group, q_len, block_size,
+                                                          monkeypatch):  # fmt: skip
+    """Under the order's switch at 1: every split count (1, 3, MAX_SPLITS, the heuristic)
+    within DECODE_GPU_RTOL of float64 and SPLIT_INVARIANCE_RTOL of each other, with sinks and a
+    soft-cap."""
+    var, name, head_dim, _ = TOKEN_ORDERS[order]
+    monkeypatch.setenv(var, "1")
     monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=q_len,
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len,
                 block_size=block_size, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True,
                 softcap=30.0, seed=37 + group + q_len + block_size)  # fmt: skip
     check_against_reference(case)
@@ -2073,64 +2098,6 @@ def test_tq3_banks_token_major_planes(cp, group, monkeypatch):
                 seq_lens=[70, 33, 300], seed=group + 79)  # fmt: skip
     store_token_major(cp, case)
     check_against_reference(case, split_choices=(1, 3))
-
-
-# --- 4bit_nc's token order at head_dim 64 (KVKIT_DECODE_TQ4_ORDER64, decode_turboquant.cu) ---
-# 1: a(c) = 4 c, B = 1, K = 2 in the tile pairs (<= 4 rows at head_dim 64 on sm_90 / sm_100:
-# their lane offsets, with the key runs' held alignment and the value words' compile-time
-# alignment) and the single-tile loop (more rows; every build through KVKIT_ARCH=sm_80):
-# float32 reassociation of 0, DECODE_GPU_RTOL of float64. Other presets and head sizes build
-# the same code: bit for bit.
-TQ4_ORDER64_CASES = [
-    (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 16, 90), (16, 1, 64, None),
-    (1, 2, 64, None), (2, 2, 16, 90), (8, 2, 64, 200),
-]  # fmt: skip
-
-
-@pytest.mark.parametrize("group, q_len, block_size, window", TQ4_ORDER64_CASES)
-def test_tq4_order64_matches_the_build_before(cp, group, q_len, block_size, window, monkeypatch):
-    """turboquant_4bit_nc at head_dim 64, KVKIT_DECODE_TQ4_ORDER64=1 against 0 (float32
-    reassociation): ragged lengths, 1 and 3 splits; within DECODE_GPU_RTOL of float64."""
-    case = Case("turboquant_4bit_nc", head_dim=64, hkv=2, group=group, q_len=q_len,
-                block_size=block_size, seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37],
-                window=window, seed=block_size + 3 * group + q_len + 83)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize("block_size", [16, 64])
-def test_tq4_order64_refills_the_page_windows(cp, block_size, monkeypatch):
-    """Splits of 70 (even) and 33 (odd) tiles (page-window refills between pairs), with and
-    without a window, against 0."""
-    for window in (None, 2500):
-        case = Case("turboquant_4bit_nc", head_dim=64, hkv=1, group=4, q_len=1,
-                    block_size=block_size, seq_lens=[70 * 64 - 27, 33 * 64 + 16, 300],
-                    window=window, seed=block_size + 89)  # fmt: skip
-        assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize(
-    "name, head_dim", [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64),
-                       ("turboquant_k3v4_nc", 64)]
-)  # fmt: skip
-def test_tq4_order64_leaves_the_others_alone(cp, name, head_dim, monkeypatch):
-    """KVKIT_DECODE_TQ4_ORDER64=1 builds the same code for the other presets and head sizes:
-    bit for bit against 0."""
-    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=16,
-                seq_lens=[*PAIR_LENS, 20 * 64 + 37], window=None, seed=head_dim + 97)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ4_ORDER64", "1", "0")
-
-
-@pytest.mark.parametrize("group, q_len", [(1, 1), (4, 1), (8, 1), (2, 2)])
-def test_tq4_order64_matches_float64_at_every_split_count(cp, group, q_len, monkeypatch):
-    """turboquant_4bit_nc at head_dim 64 under KVKIT_DECODE_TQ4_ORDER64=1: every split count
-    within DECODE_GPU_RTOL of float64 and SPLIT_INVARIANCE_RTOL of each other, with sinks and
-    a soft-cap."""
-    monkeypatch.setenv("KVKIT_DECODE_TQ4_ORDER64", "1")
-    monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
-    case = Case("turboquant_4bit_nc", head_dim=64, hkv=2, group=group, q_len=q_len,
-                block_size=16, seq_lens=[*PAIR_LENS, 40 * 64 + 3], sinks=True, softcap=30.0,
-                seed=41 + group + q_len)  # fmt: skip
-    check_against_reference(case)
 
 
 # --- TurboQuant's pair-loop cuts (KVKIT_DECODE_TQ17, decode_turboquant.cu KV_TQ17) ----------
