@@ -970,7 +970,7 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if KVKIT_DECODE_TQ3_BANKS < 0 || KVKIT_DECODE_TQ3_BANKS > 1
 #error "KVKIT_DECODE_TQ3_BANKS: 0 or 1"
 #endif
-// -DKVKIT_DECODE_TQ4_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// -DKVKIT_DECODE_TQ4_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build before): 1
 // takes turboquant_4bit_nc's staged slot loads at head_dim 64 (70-byte rows) in the order
 // a(c) = 4 c, B = 1, K = 2 (tokens 0 1 4 5 8 9 12 13 2 3 6 7 10 11 14 15). Why: the wavefront
 // model (tests/cuda/test_tq_token_order_model.py) has the value loads at 22 wavefronts per
@@ -983,10 +983,11 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // Measured on the H200 (session 20, call 10; 4bit_nc graph ms, 0 / 0 -> 1 / 1, 3bit_nc's
 // unchanged build beside it within +0.5%): (32, 4096) D = 64 0.0431 / 0.0435 -> 0.0427 /
 // 0.0430, (8, 8192) 0.0256 / 0.0259 -> 0.0255 / 0.0256, (1, 32768) 0.0174 / 0.0173 -> 0.0173 /
-// 0.0173: about 1%, the size of the spread. Default 0 until a full GPU suite and benchmark run
-// with 1 (its own tests, -k tq4_order64, passed natively and through sm_80).
+// 0.0173: about 1%, the size of the spread. Default 1 since session 21: with the switch at 1
+// every 4-bit decode and plan GPU test (-k "4bit and not write", 329) passed natively and 329
+// through sm_80 (session 21, call 1).
 #ifndef KVKIT_DECODE_TQ4_ORDER64
-#define KVKIT_DECODE_TQ4_ORDER64 0
+#define KVKIT_DECODE_TQ4_ORDER64 1
 #endif
 #if KVKIT_DECODE_TQ4_ORDER64 < 0 || KVKIT_DECODE_TQ4_ORDER64 > 1
 #error "KVKIT_DECODE_TQ4_ORDER64: 0 or 1"

@@ -246,8 +246,9 @@ def test_tensor_core_decode_does_not_spill(arch):
     # left out of the loops; the entries without it are the soft-cap builds); "-tq3banks0":
     # 3bit_nc at head_dim 128 with its tokens in order (KVKIT_DECODE_TQ3_BANKS=0, A/B runs; the
     # default 1 takes a bank-friendly order), also at G x q_len = 16 x 1 (the single-tile loop)
-    # and 2 x 4; "-tq4o64": 4bit_nc's token order at head_dim 64 (KVKIT_DECODE_TQ4_ORDER64=1,
-    # A/B runs; default 0), also at 8 x 1, 2 x 4 and 16 x 1 there.
+    # and 2 x 4; "-tq4o640": 4bit_nc at head_dim 64 with its tokens in order
+    # (KVKIT_DECODE_TQ4_ORDER64=0, A/B runs; the default 1 takes a bank-friendly order), both
+    # also at 8 x 1, 2 x 4 and 16 x 1 there.
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -275,7 +276,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tqpv16_0": ("KVKIT_DECODE_TQ_PV16", "0"),
         "nocap": ("KV_SOFTCAP", "0"),
         "tq3banks0": ("KVKIT_DECODE_TQ3_BANKS", "0"),
-        "tq4o64": ("KVKIT_DECODE_TQ4_ORDER64", "1"),
+        "tq4o640": ("KVKIT_DECODE_TQ4_ORDER64", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -291,19 +292,19 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_3bit_nc-tqpv16", "turboquant_k3v4_nc-tqpv16",
                  "turboquant_4bit_nc-tqpv16_0", "nvfp4-nocap", "turboquant_4bit_nc-nocap",
                  "turboquant_3bit_nc-nocap", "fp16-nocap",
-                 "turboquant_3bit_nc-tq3banks0", "turboquant_4bit_nc-tq4o64"):  # fmt: skip
+                 "turboquant_3bit_nc-tq3banks0", "turboquant_4bit_nc-tq4o640"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
         if name == "turboquant_3bit_nc" and switch in ("", "tq3banks0"):  # both orders
             shapes += ((16, 1, 128, "1"), (2, 4, 128, "1"))
-        if switch == "tq4o64":  # its head_dim-64 pair and single-tile builds
+        if name == "turboquant_4bit_nc" and switch in ("", "tq4o640"):  # both orders
             shapes += ((8, 1, 64, "0"), (2, 4, 64, "1"), (16, 1, 64, "1"))
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
                        (8, 1, 64, "0"))  # fmt: skip
-        for group, q_len, d, q_dtype in shapes:
+        for group, q_len, d, q_dtype in dict.fromkeys(shapes):  # (each build once)
             defines = dict(formats.get(name, d).cuda_defines())
             defines.update(KV_IN_DTYPE=q_dtype, KV_GROUP=str(group), KV_Q_LEN=str(q_len))
             if switch:
