@@ -73,7 +73,7 @@ __device__ __forceinline__ unsigned int kv_e2m1_mag_sw_nonan(float m) {
 // amax and a finite reciprocal): the same bits without the two NaN tests and sign selects.
 __device__ __forceinline__ unsigned int kv_e2m1x2_encode_nonan(float lo, float hi) {
     unsigned int ul = __float_as_uint(lo), uh = __float_as_uint(hi);
-    unsigned int al = ul & 0x7FFFFFFFu, ah = uh & 0x7FFFFFFFu;
+    [[maybe_unused]] unsigned int al = ul & 0x7FFFFFFFu, ah = uh & 0x7FFFFFFFu;
 #if KVKIT_HW_FP4
     unsigned int r;
     asm("{\n\t.reg .b8 t;\n\t"
