@@ -620,7 +620,7 @@ __device__ __forceinline__ int kv_tq_vlane(int g) {
 template <bool LANED = false>
 __device__ __forceinline__ void kv_mma_vload_t(const unsigned char* const* rows, int g,
                                                unsigned* raw) {
-    constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+    [[maybe_unused]] constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
     const int vl = LANED ? 0 : kv_tq_vlane(g);
     (void)vl;
 #if KV_TQ_V_HALVES
@@ -719,7 +719,7 @@ __device__ __forceinline__ void kv_mma_vload_at(const unsigned char* const* rows
 template <int M>
 __device__ __forceinline__ void kv_mma_vload_at4(const unsigned char* const* rows, int g,
                                                  unsigned* raw) {
-    constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
+    [[maybe_unused]] constexpr int VB = (KV_HEAD_DIM / 8) * TQ_VALUE_BITS;  // bits per lane group
     constexpr int A = (M + TQ_VALUE_OFFSET) % 4;
     const unsigned char* p = rows[0] + TQ_VALUE_OFFSET;
 #if KV_TQ_V_HALVES || KV_TQ_V_WORD

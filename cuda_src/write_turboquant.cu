@@ -446,11 +446,11 @@ __device__ __forceinline__ void kv_tq_keys(const unsigned int (&kw)[TQ_RPW][KvIn
                                            const unsigned int (&vw)[TQ_RPW][KvInputWords<KV_IN_DTYPE, TQ_E>::n],
                                            unsigned char* dst, int p, bool active, float k_scale TQ_TABLE_PARAMS) {
     constexpr int R = TQ_RPW;
-    constexpr int L = TQ_L;
+    [[maybe_unused]] constexpr int L = TQ_L;
     constexpr bool even = EVEN;
     // x[r][j]: element (p + L r) E + j of the row (the spec's lane p + L r).
     float x[R][TQ_E];
-    KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
+    [[maybe_unused]] KvTqPiece c[R];  // the codes of the plane at hand (TQ_PUT_CODE)
     // ---- K ----
 #if TQ_KEY_FP8 && TQ_VARIANT >= 5 && KV_IN_DTYPE == 1
     // Variant 5's FP8 keys for float16 inputs: the dense fp8 write's fast chunk (write_dense.cu

@@ -785,12 +785,10 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     float* rs_s = reinterpret_cast<float*>(kv_smem + OFF_RS);
     float* ml_s = reinterpret_cast<float*>(kv_smem + OFF_ML);
     int* tp_ring = reinterpret_cast<int*>(kv_smem + OFF_TP);
-    unsigned* tab_s = reinterpret_cast<unsigned*>(kv_smem + OFF_TAB);
+    [[maybe_unused]] unsigned* tab_s = reinterpret_cast<unsigned*>(kv_smem + OFF_TAB);
     unsigned char* stg = kv_smem + OFF_STG;
-    unsigned short* vt_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_VT);
-    (void)vt_s;
+    [[maybe_unused]] unsigned short* vt_s = reinterpret_cast<unsigned short*>(kv_smem + OFF_VT);
     (void)ql_s;
-    (void)tab_s;
 
     const int split = blockIdx.x;
     const int kvh = blockIdx.y;
@@ -828,7 +826,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     float acc[NR][MT][4];
     float m_r[NR][2];
     float l_r[NR][2];
-    float z_r[NR][2];
+    [[maybe_unused]] float z_r[NR][2];
 #pragma unroll
     for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
@@ -843,7 +841,6 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             z_r[nr][j] = 0.f;
         }
     }
-    (void)z_r;
 
     if (n_tiles > 0) {  // uniform over the CTA
         pipe.prologue_pages();
@@ -937,7 +934,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         // Loop-invariant per-thread values: this thread's rows 8 nr + 2c + j (the score C
         // columns; also its softmax rows and its PV accumulator columns).
         float rsc[NR][2];
-        int pos[NR][2];
+        [[maybe_unused]] int pos[NR][2];
         const int big = 0x3FFFFFFF;
 #pragma unroll
         for (int nr = 0; nr < NR; ++nr) {
@@ -962,7 +959,6 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         // off the fast path), from an opaque copy of seq_len, so that they are not held over
         // the loops: the pair body's two tiles of raw words leave no registers for them at
         // 128 (sm_90, TurboQuant at 8 rows spilled one; the masks run on one tile per split).
-        (void)pos;
         auto row_pos = [&](int nr, int j) {
             int sl;
             asm volatile("mov.b32 %0, %1;" : "=r"(sl) : "r"(seq_len));
@@ -1023,15 +1019,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
             // are not added into the large hi sum by the tensor cores' truncating adds; the
             // three meet in IEEE float32 after the k-loop.
             float sc[NR][4];
-            float sq[NR][4];
-            float sk[NR][4];
+            [[maybe_unused]] float sq[NR][4];
+            [[maybe_unused]] float sk[NR][4];
 #pragma unroll
             for (int nr = 0; nr < NR; ++nr) {
 #pragma unroll
                 for (int i = 0; i < 4; ++i) sc[nr][i] = sq[nr][i] = sk[nr][i] = 0.f;
             }
-            (void)sq;
-            (void)sk;
 #if KV_MMA_K_DIRECT
             // fp16 keys from the staged rows: matrices (tokens 0-7 | 8-15) x (dims 0-7 | 8-15)
             // = a0, a1, a2, a3.

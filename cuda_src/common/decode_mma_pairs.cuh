@@ -206,7 +206,7 @@ if (pipe.slabs) {
 
         // (a2) pair scores: S^T = K Q^T for both tiles; each query fragment loaded once.
         float sc[2][NR][4];
-        float sq[2][NR][4];
+        [[maybe_unused]] float sq[2][NR][4];
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #pragma unroll
@@ -215,7 +215,6 @@ if (pipe.slabs) {
                 for (int e = 0; e < 4; ++e) sc[h][nr][e] = sq[h][nr][e] = 0.f;
             }
         }
-        (void)sq;
         unsigned kraw[2][2][KV_MMA_KRAW];
         float km[2][2];  // the per-token score factors, read with the keys (kr dies here)
 #pragma unroll
@@ -346,7 +345,7 @@ if (pipe.slabs) {
         // codes' scale and zero reads, kv_mma_vtok, below): as four bools merged from the two
         // sides of !full2, ptxas kept them as bytes (four moves, then a sign-extending PRMT
         // and a test each). Unused by NVFP4's loop (its PV block tests full[h] again).
-        unsigned okm = 15u;
+        [[maybe_unused]] unsigned okm = 15u;
         if (!full2) {
 #endif
 #pragma unroll
