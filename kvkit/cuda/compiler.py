@@ -159,6 +159,11 @@ def _options(
     )
     if verbose_ptxas and not ptx_only:
         options += ("--ptxas-options=-v",)
+        # NVRTC 12.9+ may serve the cubin from its own cache without running ptxas, and then
+        # the log has no statistics (seen on the GPU machine's NVRTC 13.0 for builds compiled
+        # before: benchmarks/NOTES.md v21); --no-cache (12.9+) makes ptxas run every time.
+        if nvrtc_version() >= (12, 9):
+            options += ("--no-cache",)
     return options
 
 

@@ -1,10 +1,11 @@
 """Register counts and stack frames of the functions in a cubin, read from its ELF itself.
 
 What for: ``--ptxas-options=-v`` puts each function's registers, stack frame and spills in the
-NVRTC log, but the GPU machine's NVRTC 13.0 sometimes returns a log without them
-(benchmarks/NOTES.md v20). A cubin carries registers and stack frames in its ``.nv.info``
-sections; this module reads them with ``struct`` alone (no CUDA tool, no GPU), so the
-no-spill tests can fall back on them (tests/cuda/test_compile.py).
+NVRTC log, but the GPU machine's NVRTC 13.0 returned logs without them for cubins served from
+its cache (benchmarks/NOTES.md v20-v21; verbose builds now pass ``--no-cache``). A cubin
+carries registers and stack frames in its ``.nv.info`` sections; this module reads them with
+``struct`` alone (no CUDA tool, no GPU), so the no-spill tests can fall back on them
+(tests/cuda/test_compile.py).
 
 The layout, as checked on this project's builds (NVRTC 12.9 and ptxas 13 cubins for sm_80 to
 sm_120a) against ``cuobjdump -elf`` and the ``ptxas -v`` lines of the same builds

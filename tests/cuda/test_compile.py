@@ -57,11 +57,12 @@ _SPILL_RE = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 def _spills(case, res) -> list[tuple[str, str]]:
     """(spill store bytes, spill load bytes) of each function of one build (a result of
     ``compile_entry(..., verbose_ptxas=True)``), from its ptxas log. A log without ptxas's
-    statistics (the GPU machine's NVRTC 13.0 returns such logs at times, benchmarks/NOTES.md
-    v20) hides nothing only where the cubin proves that there is no spill: every stack frame
-    in it is 0 bytes (``kvkit.cuda.cubin_info.spill_free``); then no spills. A nonzero frame
-    may be spills or a local array, which only the log tells apart: that fails, as does a
-    build without a cubin."""
+    statistics (the GPU machine's NVRTC 13.0 returned such logs from its cache before
+    ``--no-cache``, benchmarks/NOTES.md v20-v21) hides nothing only where the cubin proves
+    that there is no spill: every stack frame in it is 0 bytes
+    (``kvkit.cuda.cubin_info.spill_free``); then no spills. A nonzero frame may be spills or a
+    local array, which only the log tells apart: that fails, as does a build without a
+    cubin."""
     spills = _SPILL_RE.findall(res.log)
     if spills:
         return spills
@@ -85,12 +86,23 @@ def _spilled_builds(cases, results, mma: bool = False) -> list:
     return bad
 
 
+def test_verbose_builds_bypass_nvrtcs_cache():
+    """ptxas statistics need ptxas to run: from NVRTC 12.9 a verbose build asks for no cache
+    (a cached cubin comes with an empty ptxas part of the log), other builds keep it."""
+    verbose = compiler._options("write_dense.cu", {}, "sm_90", False, True)
+    assert "--ptxas-options=-v" in verbose
+    assert ("--no-cache" in verbose) == (compiler.nvrtc_version() >= (12, 9))
+    assert "--no-cache" not in compiler._options("write_dense.cu", {}, "sm_90", False, False)
+    assert "--no-cache" not in compiler._options("write_dense.cu", {}, "sm_90", True, True)
+
+
 def _ptxas_builds(jobs) -> list:
     """``compile_entries(jobs, verbose_ptxas=True)``, each build whose log came back without
     ptxas's statistics compiled once more on its own. The H200 machine's NVRTC 13.0 returned
-    such logs for a different build in each run, with one compile thread or sixteen
-    (benchmarks/NOTES.md v20), and for some builds twice; a build whose second log lacks them
-    too is judged by its cubin (``_spills``)."""
+    such logs for builds it had compiled before (its cache served the cubin without running
+    ptxas; benchmarks/NOTES.md v20-v21): verbose builds now pass ``--no-cache``
+    (kvkit.cuda.compiler._options). A build whose second log lacks them too is judged by its
+    cubin (``_spills``)."""
     jobs = list(jobs)
     results = compile_entries(jobs, verbose_ptxas=True)
     return [
