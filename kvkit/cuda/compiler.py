@@ -112,6 +112,16 @@ def nvrtc_version() -> tuple[int, int]:
     return int(major), int(minor)
 
 
+def nvrtc_unavailable_reason() -> str | None:
+    """Why NVRTC cannot compile here (the Python binding imports but the shared library does
+    not load, or it is missing), or None when ``nvrtc_version()`` works."""
+    try:
+        nvrtc_version()
+    except Exception as exc:
+        return f"NVRTC is not loadable ({type(exc).__name__}: {exc})"
+    return None
+
+
 def _arch_flag(arch: str, ptx_only: bool) -> str:
     if arch not in TARGETS:
         raise ValueError(f"arch must be one of {TARGETS}, got {arch!r}")

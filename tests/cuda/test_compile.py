@@ -23,17 +23,8 @@ from kvkit.cuda import compiler, cubin_info  # noqa: E402
 from kvkit.cuda.compiler import TARGETS, compile_entries, compile_entry, compile_only  # noqa: E402
 from kvkit.cuda.write import tq_launch_defines  # noqa: E402
 
-
-def _nvrtc_reason() -> str | None:
-    try:
-        compiler.nvrtc_version()
-    except Exception as exc:  # the Python binding imports, the shared library is missing
-        return f"NVRTC is not loadable ({type(exc).__name__}: {exc})"
-    return None
-
-
-if _nvrtc_reason():
-    pytest.skip(_nvrtc_reason(), allow_module_level=True)
+if compiler.nvrtc_unavailable_reason():
+    pytest.skip(compiler.nvrtc_unavailable_reason(), allow_module_level=True)
 
 DENSE = ("fp16", "bf16", "fp8_e4m3")
 NVFP4 = ("nvfp4", "nvfp4_4over6")

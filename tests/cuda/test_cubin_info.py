@@ -21,17 +21,8 @@ from kvkit.cuda import compiler, cubin_info  # noqa: E402
 from kvkit.cuda.compiler import compile_entries, compile_entry  # noqa: E402
 from kvkit.cuda.write import tq_launch_defines  # noqa: E402
 
-
-def _nvrtc_reason() -> str | None:
-    try:
-        compiler.nvrtc_version()
-    except Exception as exc:  # the Python binding imports, the shared library is missing
-        return f"NVRTC is not loadable ({type(exc).__name__}: {exc})"
-    return None
-
-
-if _nvrtc_reason():
-    pytest.skip(_nvrtc_reason(), allow_module_level=True)
+if compiler.nvrtc_unavailable_reason():
+    pytest.skip(compiler.nvrtc_unavailable_reason(), allow_module_level=True)
 
 _PROPS = re.compile(r"Function properties for (\S+)")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
