@@ -58,6 +58,7 @@ import threading
 import weakref
 from collections import OrderedDict
 
+from .decode import _FAMILY_SWITCHES
 from .launch import RecordedStep
 
 #: Most recorded steps kept. A model calls decode once per layer per step in round robin, so
@@ -78,27 +79,16 @@ enqueue_lock = threading.Lock()
 
 #: Environment variables that change which kernel a decode or write launches (target,
 #: stage-1 core, staging budget, the masked-softmax-only test build, TurboQuant write rows per
-#: warp and launch bounds, NVFP4 write blocks per thread and 4over6 decision): part of a
-#: step's key.
+#: warp and launch bounds, NVFP4 write blocks per thread and 4over6 decision), then every
+#: family build switch of the decode (kvkit/cuda/decode.py _FAMILY_SWITCHES, taken from there
+#: so a new switch cannot be left out): part of a step's key.
 KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_DECODE_MASK_ALL",
-              "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_NVFP4_UNPACK", "KVKIT_DECODE_NVFP4_BULK",
-              "KVKIT_DECODE_NVFP4_REV", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_TQ_VARIANT",
-              "KVKIT_DECODE_TQ3", "KVKIT_DECODE_TQ_SLABS",
-              "KVKIT_DECODE_TQ_SLABS64", "KVKIT_DECODE_NVFP4_SLAB_ROWS", "KVKIT_DECODE_MIN_BLOCKS",
-              "KVKIT_DECODE_NVFP4_SLABS_OTHER_D",
-              "KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
-              "KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_TQ_PAIRS256",
-              "KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE",
-              "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_TQ3_BANKS",
-              "KVKIT_DECODE_TQ4_ORDER64",
-              "KVKIT_DECODE_NV_PACK",
-              "KVKIT_DECODE_K3V4", "KVKIT_DECODE_TQ17", "KVKIT_DECODE_TQ_PV16",
-              "KVKIT_DECODE_CP_ASYNC_V2",
-              "KVKIT_DECODE_PDL",
-              "KVKIT_DECODE_PDL_TRIGGER", "KVKIT_DECODE_SOFTCAP_BUILDS",
+              "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_MIN_BLOCKS",
+              "KVKIT_DECODE_PDL", "KVKIT_DECODE_PDL_TRIGGER", "KVKIT_DECODE_SOFTCAP_BUILDS",
               "KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT",
               "KVKIT_WRITE_NVFP4_BPT", "KVKIT_WRITE_NVFP4_46_VARIANT",
-              "KVKIT_WRITE_DENSE_VARIANT", "KVKIT_WRITE_EARLY_LOADS")  # fmt: skip
+              "KVKIT_WRITE_DENSE_VARIANT", "KVKIT_WRITE_EARLY_LOADS",
+              *(name for name, _, _ in _FAMILY_SWITCHES))  # fmt: skip
 
 
 # CPython's os.environ keeps its variables in a dict of encoded names and values (os._Environ
