@@ -88,26 +88,19 @@ def test_verbose_builds_bypass_nvrtcs_cache():
 
 
 def _ptxas_builds(jobs) -> list:
-    """``compile_entries(jobs, verbose_ptxas=True)``, each build whose log came back without
-    ptxas's statistics compiled once more on its own. The H200 machine's NVRTC 13.0 returned
-    such logs for builds it had compiled before (its cache served the cubin without running
-    ptxas; benchmarks/NOTES.md v20-v21): verbose builds now pass ``--no-cache``
-    (kvkit.cuda.compiler._options). A build whose second log lacks them too is judged by its
-    cubin (``_spills``)."""
-    jobs = list(jobs)
-    results = compile_entries(jobs, verbose_ptxas=True)
-    return [
-        res if _SPILL_RE.search(res.log) else compile_entry(*job, verbose_ptxas=True)
-        for job, res in zip(jobs, results, strict=True)
-    ]
+    """``compile_entries(jobs, verbose_ptxas=True)``: the builds whose logs _spilled_builds
+    reads (verbose builds bypass NVRTC's cache, whose cubins come without ptxas statistics:
+    kvkit.cuda.compiler._options, benchmarks/NOTES.md v21)."""
+    return compile_entries(list(jobs), verbose_ptxas=True)
 
 
 def test_spill_check_falls_back_on_the_cubin():
-    """A log without ptxas's statistics (front-end warnings only, or empty, as the GPU
-    machine's NVRTC 13.0 returns at times): ``_spills`` takes the cubin's word where every stack
-    frame is 0 bytes, and fails with the frames where one is not: the FP8-key TurboQuant write
-    with float16 inputs at 16 CTAs per SM on sm_90 has an 8-byte frame and no spills
-    (test_local_memory_gpu.py ``_allowed``), which the cubin cannot tell from a spill."""
+    """A log without ptxas's statistics (front-end warnings only, or empty, as NVRTC 12.9+
+    returned for a cubin from its cache before ``--no-cache``): ``_spills`` takes the cubin's
+    word where every stack frame is 0 bytes, and fails with the frames where one is not: the
+    FP8-key TurboQuant write with float16 inputs at 16 CTAs per SM on sm_90 has an 8-byte
+    frame and no spills (test_local_memory_gpu.py ``_allowed``), which the cubin cannot tell
+    from a spill."""
     import dataclasses
 
     framed_defines = _defines("turboquant_k8v4", 128, "1")

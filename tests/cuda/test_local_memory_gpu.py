@@ -1,11 +1,10 @@
 """The kernels the public calls load on this GPU hold no local memory (no register spills),
 as built by the device's own NVRTC.
 
-tests/cuda/test_compile.py's spill tests read ptxas's statistics from the NVRTC log. On the
-H200 machine (NVRTC 13.0 from the torch venv) some logs come back without them, one thread or
-sixteen (benchmarks/NOTES.md v20), so those tests cannot vouch for the compiler the kernels
-actually run under. The driver can: a loaded function's ``local_size_bytes`` is the per-thread
-local memory its cubin asks for, which spills (and any stack) make non-zero.
+tests/cuda/test_compile.py's spill tests read ptxas's statistics from the NVRTC log of builds
+made for the test (and, where a log lacks them, the cubin's frames), not of the builds the
+launchers load. The driver sees those: a loaded function's ``local_size_bytes`` is the
+per-thread local memory its cubin asks for, which spills (and any stack) make non-zero.
 """
 
 from __future__ import annotations
