@@ -62,8 +62,16 @@
 // keys, or 2 at D = 512 to keep the 2 x 16 x R input floats per lane in registers; 2 for FP8
 // keys (measured faster at twice the warps). 8 also builds (the
 // row-uniform work per row halves) but needs 128 registers and measured slower on the H200.
-// Shared memory of the second body 4 * R * (D + slot bytes) <= 20 KB.
-#define TQ_WARPS 4
+// Shared memory of the second body TQ_WARPS * R * (D + slot bytes) <= 40 KB (8 warps).
+// TQ_WARPS (warps per CTA, a launch define from kvkit/cuda/write.py tq_warps): 4; 2, 6 and 8
+// build for A/B sweeps (KVKIT_WRITE_TQ_WARPS): more warps share one fill of the shared tables
+// and its CTA barrier, the launcher scales the minimum CTAs to the same warps per SM.
+#ifndef TQ_WARPS
+#error "write_turboquant.cu needs TQ_WARPS (warps per CTA) from the launcher"
+#endif
+#if TQ_WARPS < 1 || TQ_WARPS > 8
+#error "TQ_WARPS must be 1..8"
+#endif
 #ifndef TQ_RPW
 #error "write_turboquant.cu needs TQ_RPW (rows per warp) from the launcher"
 #endif

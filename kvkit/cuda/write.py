@@ -15,7 +15,7 @@ nvfp4, nvfp4_4over6       ``kvkit_write_nvfp4``     1 thread per (token, head, 2
                                                     per CTA
 turboquant_*              ``kvkit_write_turboquant``  4 (token, head) rows per warp (MSE keys;
                           (write_turboquant.cu)     2 at D = 512) or 2 (FP8 keys), 4 warps per
-                                                    CTA (see tq_rows_per_warp)
+                                                    CTA (see tq_rows_per_warp, tq_warps)
 ========================  ========================  ==========================================
 
 Defines: ``fmt.cuda_defines()`` + ``KV_IN_DTYPE`` (0 float32, 1 float16, 2 bfloat16 bits as
@@ -56,7 +56,20 @@ DENSE_THREADS = 256
 DENSE_CHUNK = 8
 NVFP4_THREADS = 128
 NVFP4_BLOCK = 16
+#: Warps per CTA of ``kvkit_write_turboquant`` unless ``KVKIT_WRITE_TQ_WARPS`` says otherwise
+#: (tq_warps; the TurboQuant dequantize kernel has its own count, also 4).
 TQ_WARPS = 4
+#: The counts the write kernel builds with (``KVKIT_WRITE_TQ_WARPS``, A/B sweeps).
+TQ_WARPS_CHOICES = (2, 4, 6, 8)
+
+
+def tq_warps() -> int:
+    """Warps per CTA of ``kvkit_write_turboquant`` (its ``TQ_WARPS`` define): 4, or
+    ``KVKIT_WRITE_TQ_WARPS`` (TQ_WARPS_CHOICES) for A/B sweeps. The CTA's shared tables are
+    filled once per CTA behind one barrier, so more warps share that fill; tq_min_ctas scales
+    its CTA caps by 4 / warps to keep the warps per SM (and so the register cap) the same."""
+    override = _env_int("KVKIT_WRITE_TQ_WARPS", TQ_WARPS_CHOICES)
+    return TQ_WARPS if override is None else override
 
 
 def nvfp4_blocks_per_thread(fmt: NVFP4Format, in_dtype: str) -> int:
@@ -178,10 +191,16 @@ def tq_min_ctas(
         return 1, 1
     if fmt.key_kind == "fp8":
         sm90 = _TQ_MIN_CTAS_FP8K_SM90_F16 if in_dtype == "1" else _TQ_MIN_CTAS_FP8K
-        return _TQ_MIN_CTAS_FP8K, sm90
+        return _per_warps(_TQ_MIN_CTAS_FP8K), _per_warps(sm90)
     variant = tq_variant(fmt) if variant is None else variant
     sm90 = _TQ_MIN_CTAS_MSE_SM90 if variant >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
-    return _TQ_MIN_CTAS_MSE, sm90
+    return _per_warps(_TQ_MIN_CTAS_MSE), _per_warps(sm90)
+
+
+def _per_warps(ctas: int) -> int:
+    """A CTA cap measured at TQ_WARPS warps per CTA, for tq_warps() warps: the same warps per
+    SM (rounded down, so the register cap per thread does not fall), at least 1."""
+    return max(1, ctas * TQ_WARPS // tq_warps())
 
 
 def _env_int(name: str, allowed) -> int | None:
@@ -292,9 +311,9 @@ def tq_variant(fmt: TurboQuantFormat) -> int:
 
 def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_turboquant`` beyond ``fmt.cuda_defines()``:
-    ``TQ_VARIANT`` (tq_variant), ``TQ_RPW`` (rows per warp), ``TQ_MIN_CTAS`` /
-    ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE code ``in_dtype``), ``KV_WRITE_EARLY``
-    (write_early_loads), ``TQ_NEAR_VALUE`` and,
+    ``TQ_VARIANT`` (tq_variant), ``TQ_WARPS`` (tq_warps), ``TQ_RPW`` (rows per warp),
+    ``TQ_MIN_CTAS`` / ``TQ_MIN_CTAS_SM90`` (for the KV_IN_DTYPE code ``in_dtype``),
+    ``KV_WRITE_EARLY`` (write_early_loads), ``TQ_NEAR_VALUE`` and,
     for MSE keys whose codebook has a cell table
     (``kvkit.formats.arch_models.tq_bucket_table``), ``TQ_BKT=1``, the table and
     ``TQ_NEAR_KEY``; without one the kernel searches the midpoints."""
@@ -302,6 +321,7 @@ def tq_launch_defines(fmt: TurboQuantFormat, in_dtype: str) -> dict[str, str]:
     others, sm90 = tq_min_ctas(fmt, in_dtype, variant)
     d = {
         "TQ_VARIANT": str(variant),
+        "TQ_WARPS": str(tq_warps()),
         "TQ_RPW": str(tq_rows_per_warp(fmt)),
         "TQ_MIN_CTAS": str(others),
         "TQ_MIN_CTAS_SM90": str(sm90),
@@ -503,9 +523,10 @@ def write_rows(layer: CacheLayer, k, v, slots, in_dtype: str, record: list | Non
     else:
         defines.update(tq_launch_defines(fmt, code))
         rows_per_warp = int(defines["TQ_RPW"])
+        warps = int(defines["TQ_WARPS"])
         kern = get_kernel("write_turboquant.cu", "kvkit_write_turboquant", defines)
         args = head + plane_args(p["slots"]) + [ks, layer.error_flag]
         args += [*udiv_magic(h), *udiv_magic(layer.block_size)]
         launch_and_record(
-            record, kern, _grid(n * h, TQ_WARPS * rows_per_warp), (TQ_WARPS * 32,), tuple(args)
+            record, kern, _grid(n * h, warps * rows_per_warp), (warps * 32,), tuple(args)
         )

@@ -823,3 +823,46 @@ def test_load_order_equals_numba_around_bad_slots(name, in_dtype, early, monkeyp
     assert int(gpu.error_flag.get()[0]) & 1
     cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
     assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype} early={early}")
+
+
+# --- Warps per CTA of the TurboQuant write (KVKIT_WRITE_TQ_WARPS; kvkit/cuda/write.py tq_warps) ---
+@pytest.mark.gpu
+@pytest.mark.parametrize("warps", ["2", "6", "8"])
+@pytest.mark.parametrize("in_dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize(
+    "name, d",
+    [(n, 128) for n in formats.names() if n.startswith("turboquant")]
+    + [("turboquant_3bit_nc", 64), ("turboquant_4bit_nc", 256), ("turboquant_k8v4", 48)],
+)
+def test_turboquant_write_warps_equal_numba_around_bad_slots(name, d, in_dtype, warps, monkeypatch):
+    """CTAs of 2, 6 and 8 warps (the A/B counts beside the default 4) write the Numba backend's
+    bytes for the good rows, nothing for the others, and flag the bad slots: 437 rows (no
+    count of rows per CTA divides it, so the last CTA is partial), every fifth slot padding,
+    two beyond the cache; D = 48 takes the shared-memory body, whose staging is per CTA."""
+    import cupy
+
+    from kvkit.cuda.write import tq_launch_defines, write_rows
+
+    monkeypatch.setenv("KVKIT_WRITE_TQ_WARPS", warps)
+    fmt = formats.get(name, d)
+    assert tq_launch_defines(fmt, "1")["TQ_WARPS"] == warps
+    heads, bs, n = 3, 16, 437
+    nb = -(-n // bs) + 1
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=29)
+    rng = np.random.default_rng(31)
+    k32 = (rng.standard_normal((n, heads, d)) * 2.0).astype(np.float32)
+    v32 = (rng.standard_normal((n, heads, d)) * 0.7).astype(np.float32)
+    k_in, v_in = k32, v32
+    if in_dtype == "float16":
+        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    elif in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
+    slots[::5] = -1
+    slots[[11, 300]] = [nb * bs, nb * bs + 7]
+    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
+    assert int(gpu.error_flag.get()[0]) & 1
+    cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
+    assert_planes_equal(cpu, gpu, context=f"{name} D={d} {in_dtype} warps={warps}")

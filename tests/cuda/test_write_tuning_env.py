@@ -24,6 +24,7 @@ def _no_overrides(monkeypatch):
     monkeypatch.delenv("KVKIT_WRITE_TQ_MIN_CTAS", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_TQ_VARIANT", raising=False)
     monkeypatch.delenv("KVKIT_WRITE_EARLY_LOADS", raising=False)
+    monkeypatch.delenv("KVKIT_WRITE_TQ_WARPS", raising=False)
 
 
 def test_defaults_follow_head_dim_and_input_dtype(monkeypatch):
@@ -65,7 +66,8 @@ def test_overrides_reach_the_launch_defines(monkeypatch):
     "name, value",
     [("KVKIT_WRITE_TQ_RPW", "8"), ("KVKIT_WRITE_TQ_RPW", "3"), ("KVKIT_WRITE_TQ_RPW", "x"),
      ("KVKIT_WRITE_TQ_MIN_CTAS", "0"), ("KVKIT_WRITE_TQ_MIN_CTAS", "33"),
-     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "6")],
+     ("KVKIT_WRITE_TQ_MIN_CTAS", "-1"), ("KVKIT_WRITE_TQ_VARIANT", "6"),
+     ("KVKIT_WRITE_TQ_WARPS", "3"), ("KVKIT_WRITE_TQ_WARPS", "16"), ("KVKIT_WRITE_TQ_WARPS", "0")],
 )  # fmt: skip
 def test_bad_overrides_raise(monkeypatch, name, value):
     monkeypatch.setenv(name, value)
@@ -190,3 +192,24 @@ def test_load_order_defaults_and_override(monkeypatch):
     monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", "2")
     with pytest.raises(ValueError, match="KVKIT_WRITE_EARLY_LOADS"):
         nvfp4_launch_defines(nv, "1")
+
+
+def test_warps_default_and_override_keep_the_warps_per_sm(monkeypatch):
+    """TQ_WARPS is 4 by default; KVKIT_WRITE_TQ_WARPS (2, 4, 6, 8) changes it, and the CTA caps
+    follow so that warps per SM (and with them ptxas's register cap) stay where they were
+    measured: MSE keys 9 x 4 = 36 warps on sm_90 and 6 x 4 = 24 elsewhere, rounded down."""
+    from kvkit.cuda.write import tq_warps
+
+    fmt = formats.get("turboquant_4bit_nc", 128)
+    assert tq_warps() == 4 and tq_launch_defines(fmt, "1")["TQ_WARPS"] == "4"
+    expect = {"2": (12, 18), "4": (6, 9), "6": (4, 6), "8": (3, 4)}
+    for warps, ctas in expect.items():
+        monkeypatch.setenv("KVKIT_WRITE_TQ_WARPS", warps)
+        defines = tq_launch_defines(fmt, "1")
+        assert defines["TQ_WARPS"] == warps
+        assert (int(defines["TQ_MIN_CTAS"]), int(defines["TQ_MIN_CTAS_SM90"])) == ctas
+        assert tq_min_ctas(fmt, "0") == (1, 1)  # no cap stays no cap
+    monkeypatch.setenv("KVKIT_WRITE_TQ_WARPS", "6")
+    assert tq_min_ctas(formats.get("turboquant_k8v4", 128), "1") == (5, 10)  # 8 x 4, 16 x 4
+    monkeypatch.setenv("KVKIT_WRITE_TQ_MIN_CTAS", "7")  # an explicit cap is taken as given
+    assert tq_min_ctas(fmt, "1") == (7, 7)
