@@ -42,11 +42,14 @@
 // CTAs, 24 warps per SM, the occupancy of the kernel before the fast path) no target spills
 // and the fast path's sm_90 instruction count does not grow.
 // 128 threads: small CTAs spread short writes (a few tokens) over more SMs.
+// KV_WRITE_NVFP4_MIN_CTAS may come from the launcher (KVKIT_WRITE_NVFP4_MIN_CTAS, A/B sweeps).
 #define KV_WRITE_NVFP4_THREADS 128
+#ifndef KV_WRITE_NVFP4_MIN_CTAS
 #if KV_NVFP4_FOUR_OVER_SIX
 #define KV_WRITE_NVFP4_MIN_CTAS 6
 #else
 #define KV_WRITE_NVFP4_MIN_CTAS 1
+#endif
 #endif
 #define KV_NVFP4_BLOCKS (KV_HEAD_DIM / KV_NVFP4_BLOCK)
 // Blocks per thread (the launcher passes it: kvkit.cuda.write.nvfp4_blocks_per_thread): 2 where

@@ -122,10 +122,17 @@ def write_early_loads(fmt: Format) -> int:
 def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
     """The launch defines of ``kvkit_write_nvfp4`` beyond ``fmt.cuda_defines()`` for the
     KV_IN_DTYPE code ``in_dtype``: ``KV_NVFP4_BPT`` (nvfp4_blocks_per_thread),
-    ``KV_WRITE_EARLY`` (write_early_loads) and, for 4over6, ``KV_NVFP4_46_VARIANT``
-    (NVFP4_46_VARIANTS; plain NVFP4 builds do not depend on it)."""
+    ``KV_WRITE_EARLY`` (write_early_loads), for 4over6 ``KV_NVFP4_46_VARIANT``
+    (NVFP4_46_VARIANTS; plain NVFP4 builds do not depend on it), and
+    ``KV_WRITE_NVFP4_MIN_CTAS`` only where ``KVKIT_WRITE_NVFP4_MIN_CTAS`` (1..16) is set."""
     d = {"KV_NVFP4_BPT": str(nvfp4_blocks_per_thread(fmt, in_dtype)),
          "KV_WRITE_EARLY": str(write_early_loads(fmt))}  # fmt: skip
+    # The launch bounds' minimum CTAs (write_nvfp4.cu KV_WRITE_NVFP4_MIN_CTAS: 6 for 4over6,
+    # else 1) for A/B sweeps only: ptxas caps the registers to fit, so check the build spills
+    # nothing (4over6 at 8 spills with two blocks a thread on sm_90, not with one).
+    ctas = _env_int("KVKIT_WRITE_NVFP4_MIN_CTAS", range(1, 17))
+    if ctas is not None:
+        d["KV_WRITE_NVFP4_MIN_CTAS"] = str(ctas)
     if fmt.four_over_six:
         override = _env_int("KVKIT_WRITE_NVFP4_46_VARIANT", NVFP4_46_VARIANTS)
         d["KV_NVFP4_46_VARIANT"] = str(NVFP4_46_VARIANT_DEFAULT if override is None else override)

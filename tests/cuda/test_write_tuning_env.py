@@ -213,3 +213,16 @@ def test_warps_default_and_override_keep_the_warps_per_sm(monkeypatch):
     assert tq_min_ctas(formats.get("turboquant_k8v4", 128), "1") == (5, 10)  # 8 x 4, 16 x 4
     monkeypatch.setenv("KVKIT_WRITE_TQ_MIN_CTAS", "7")  # an explicit cap is taken as given
     assert tq_min_ctas(fmt, "1") == (7, 7)
+
+
+def test_nvfp4_min_ctas_override(monkeypatch):
+    """KVKIT_WRITE_NVFP4_MIN_CTAS (1..16, A/B sweeps) reaches the launch defines; unset, the
+    kernel keeps its own (no define)."""
+    fmt = formats.get("nvfp4_4over6", 128)
+    monkeypatch.delenv("KVKIT_WRITE_NVFP4_MIN_CTAS", raising=False)
+    assert "KV_WRITE_NVFP4_MIN_CTAS" not in nvfp4_launch_defines(fmt, "1")
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_MIN_CTAS", "8")
+    assert nvfp4_launch_defines(fmt, "1")["KV_WRITE_NVFP4_MIN_CTAS"] == "8"
+    monkeypatch.setenv("KVKIT_WRITE_NVFP4_MIN_CTAS", "17")
+    with pytest.raises(ValueError, match="KVKIT_WRITE_NVFP4_MIN_CTAS"):
+        nvfp4_launch_defines(fmt, "1")
