@@ -67,7 +67,12 @@ def tq_warps() -> int:
     """Warps per CTA of ``kvkit_write_turboquant`` (its ``TQ_WARPS`` define): 4, or
     ``KVKIT_WRITE_TQ_WARPS`` (TQ_WARPS_CHOICES) for A/B sweeps. The CTA's shared tables are
     filled once per CTA behind one barrier, so more warps share that fill; tq_min_ctas scales
-    its CTA caps by 4 / warps to keep the warps per SM (and so the register cap) the same."""
+    its CTA caps by 4 / warps to keep the warps per SM (and so the register cap) the same.
+    Measured on the H200 (session 22, scripts/write_ab.py, 8 rounds, 4M token-heads of fp16,
+    pages; ms per call, warps 4 / 6 / 8 / 2): 4bit_nc 1.238 / 1.237 / 1.283 / 1.263, 3bit_nc
+    1.168 / 1.178 / 1.205 / 1.180, k3v4_nc 1.156 / 1.170 / 1.196 / 1.177, k8v4 0.969 / 0.977 /
+    0.983 / 0.976: 6 level with 4, 8 and 2 slower (the write is issue-bound; the tables' barrier
+    is not what it waits for), so 4 stays."""
     override = _env_int("KVKIT_WRITE_TQ_WARPS", TQ_WARPS_CHOICES)
     return TQ_WARPS if override is None else override
 
@@ -129,7 +134,10 @@ def nvfp4_launch_defines(fmt: NVFP4Format, in_dtype: str) -> dict[str, str]:
          "KV_WRITE_EARLY": str(write_early_loads(fmt))}  # fmt: skip
     # The launch bounds' minimum CTAs (write_nvfp4.cu KV_WRITE_NVFP4_MIN_CTAS: 6 for 4over6,
     # else 1) for A/B sweeps only: ptxas caps the registers to fit, so check the build spills
-    # nothing (4over6 at 8 spills with two blocks a thread on sm_90, not with one).
+    # nothing (4over6 at 8 spills with two blocks a thread on sm_90, not with one). Measured on
+    # the H200 (session 22, scripts/write_ab.py, 8 rounds, 4over6 ms per call): default 1.267,
+    # KVKIT_WRITE_NVFP4_BPT=1 1.272, BPT=1 with 8 CTAs (64 registers) 1.247: -1.5%, inside the
+    # runs' spread (min-max 1.21-1.58), so the defaults stay.
     ctas = _env_int("KVKIT_WRITE_NVFP4_MIN_CTAS", range(1, 17))
     if ctas is not None:
         d["KV_WRITE_NVFP4_MIN_CTAS"] = str(ctas)
