@@ -451,10 +451,9 @@ def test_turboquant_write_variant_4_does_not_spill(arch, variant, monkeypatch):
 def test_turboquant_write_warp_counts_do_not_spill(warps, monkeypatch):
     """KVKIT_WRITE_TQ_WARPS=6 (an A/B count beside the default 4, level with it on the H200;
     the CTA caps scale to the same warps per SM, as for 2 and 8, which measured slower): every
-    preset at D = 64 / 128 with 16-bit
-    inputs (the capped builds) and k8v4 at D = 48 (the shared-memory body, whose staging grows
-    with the warps) builds without spills on the software-conversion, Hopper and
-    consumer-Blackwell targets."""
+    preset at D = 64 / 128 with 16-bit inputs (the capped builds) and k8v4 at D = 48 (the
+    shared-memory body, whose staging grows with the warps) builds without spills on the
+    software-conversion, Hopper and consumer-Blackwell targets."""
     monkeypatch.setenv("KVKIT_WRITE_TQ_WARPS", warps)
     cases = [(name, d, dt) for name in TQ for d in (64, 128) for dt in ("1", "2")]
     cases.append(("turboquant_k8v4", 48, "1"))
