@@ -1028,8 +1028,13 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // Those word loads are the ones the model counts for the pairs: 14 + 20 (the single-tile loop
 // of G * q_len > 4 and an odd last tile, by run-time alignment: 17 + 20). The value loads
 // (KV_TQ_V_WORD: two 2-byte units per token whatever the row's parity) and the norm, scale and
-// zero (2-byte loads) need no alignment. Which lane sums which token changes: float32 rounding
-// apart, the same attention.
+// zero (2-byte loads) need no alignment. Static walk (scripts/sass_path.py, sm_90, 4 x 1,
+// --pairs --common warps23): 775 -> 772 warp instructions per pair, LDS 108 and SHF 40 both
+// ways (the held shift is one more register: 109 -> 109 on sm_90 at 4 x 1, 119 -> 127 at 8 x 1,
+// no spills); the single-tile loop (16 x 1) 689 -> 692 per warp-tile. In staged rows padded to
+// 80 bytes (caches without token-contiguous slot slabs) the order costs (model: 14 + 12 -> 16 +
+// 24), as KVKIT_DECODE_TQ3_BANKS's does at 128. Which lane sums which token changes: float32
+// rounding apart, the same attention. Not measured yet (session 22 helper, no GPU).
 #ifndef KVKIT_DECODE_TQ3_ORDER64
 #define KVKIT_DECODE_TQ3_ORDER64 0
 #endif
