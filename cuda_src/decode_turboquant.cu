@@ -452,6 +452,24 @@ __device__ __forceinline__ void kv_mma_kload_al(const unsigned char* p, unsigned
     for (int i = 0; i < N; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], sh);
 #endif
 }
+#if KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3
+// (KVKIT_DECODE_TQ3_ORDER64, decode_mma_pairs.cuh KV_MMA_KLOAD_AL2) A run at byte 2 or 4 of
+// the word at p (sh = 16 or 32): the same N + 1 word loads (the run's last byte is at most
+// byte 3 + KV_TQ_RUN_BYTES of them: inside the slot, as kv_tq_load_words' word past the run),
+// funnel shifts that clamp, so sh = 32 takes the next word whole.
+__device__ __forceinline__ void kv_mma_kload_al_c(const unsigned char* p, unsigned sh,
+                                                  unsigned* raw) {
+    constexpr int N = KV_TQ_RUN_WORDS;
+    static_assert(!KV_TQ_KSPLIT && 4 + KV_TQ_RUN_BYTES <= 4 * (N + 1),
+                  "the run at byte 4 inside the N + 1 words");
+    const unsigned* q = reinterpret_cast<const unsigned*>(p);
+    unsigned w[N + 1];
+#pragma unroll
+    for (int i = 0; i <= N; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_rc(w[i], w[i + 1], sh);
+}
+#endif
 #endif
 #if TQ_KEY_BITS == 3
 // 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a
@@ -992,6 +1010,37 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if KVKIT_DECODE_TQ4_ORDER64 < 0 || KVKIT_DECODE_TQ4_ORDER64 > 1
 #error "KVKIT_DECODE_TQ4_ORDER64: 0 or 1"
 #endif
+// -DKVKIT_DECODE_TQ3_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// takes turboquant_3bit_nc's staged slot loads at head_dim 64 (54-byte rows) in the order
+// a(c) = 4 c, B = 2, K = 1 (tokens 0 2 4 6 8 10 12 14 1 3 5 7 9 11 13 15), with the tile pairs'
+// key runs of the K rows read from the held word below (KV_MMA_KLOAD_AL2). Why: 3bit_nc at
+// D = 64 measured 2.6% slower than 4bit_nc (H200, (32, 4096), 0.0438 vs 0.0427 ms) and still
+// took its tokens in order. The wavefront model (tests/cuda/test_tq_token_order_model.py) has
+// it at 20 key + 20 value wavefronts per warp-tile in order; among the orders of the form
+// a(c) + B e + K f those that keep the pairs' held key-run alignment (KAL: K rows a whole
+// number of words apart, K even on 54-byte rows) reach no fewer than 40, and the best of the
+// form (K = 1, 17 + 20) has the K rows 2 mod 4 bytes on, which would load the key runs by their
+// run-time alignment again (+12 instructions a pair, as 4bit_nc's comment above says). So the
+// K row's run is read from the same held word instead: it lies 2 bytes further on than the
+// score token's (a lane's run at 0 or 2 mod 4 becomes 2 or 0), so its three words from the
+// held word plus 4 floor(54 K / 4) bytes cover it at byte 2 or 4, and one more held shift (16
+// or 32 bits, a clamped funnel shift) takes it down: the same loads and funnel shifts a pair.
+// Those word loads are the ones the model counts for the pairs: 14 + 20 (the single-tile loop
+// of G * q_len > 4 and an odd last tile, by run-time alignment: 17 + 20). The value loads
+// (KV_TQ_V_WORD: two 2-byte units per token whatever the row's parity) and the norm, scale and
+// zero (2-byte loads) need no alignment. Static walk (scripts/sass_path.py, sm_90, 4 x 1,
+// --pairs --common warps23): 775 -> 772 warp instructions per pair, LDS 108 and SHF 40 both
+// ways (the held shift is one more register: 109 -> 109 on sm_90 at 4 x 1, 119 -> 127 at 8 x 1,
+// no spills); the single-tile loop (16 x 1) 689 -> 692 per warp-tile. In staged rows padded to
+// 80 bytes (caches without token-contiguous slot slabs) the order costs (model: 14 + 12 -> 16 +
+// 24), as KVKIT_DECODE_TQ3_BANKS's does at 128. Which lane sums which token changes: float32
+// rounding apart, the same attention. Not measured yet (session 22 helper, no GPU).
+#ifndef KVKIT_DECODE_TQ3_ORDER64
+#define KVKIT_DECODE_TQ3_ORDER64 0
+#endif
+#if KVKIT_DECODE_TQ3_ORDER64 < 0 || KVKIT_DECODE_TQ3_ORDER64 > 1
+#error "KVKIT_DECODE_TQ3_ORDER64: 0 or 1"
+#endif
 #if !TQ_KEY_FP8 && KV_HEAD_DIM == 256 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
     (KVKIT_DECODE_TQ_TOKEN_ORDER >= 1 || KVKIT_DECODE_TQ3_256 >= 2)
 // a(c) = 0, 1, 8, 9; B = 2, K = 4: tokens 0 2 1 3 8 10 9 11 4 6 5 7 12 14 13 15
@@ -1034,6 +1083,18 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #define KV_MMA_TOKEN_A 0x5410u
 #define KV_MMA_TOKEN_B 8
 #define KV_MMA_TOKEN_K 2
+#elif !TQ_KEY_FP8 && KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3 && \
+    KVKIT_DECODE_TQ3_ORDER64 == 1
+// 3bit_nc at D = 64 (54-byte rows; KVKIT_DECODE_TQ3_ORDER64=1, above): a(c) = 4 c; B = 2,
+// K = 1, the K row's key run from the held word (KV_MMA_KLOAD_AL2): 20 + 20 -> 14 + 20
+#define KV_MMA_TOKEN_A 0xc840u
+#define KV_MMA_TOKEN_B 2
+#define KV_MMA_TOKEN_K 1
+#if KV_TQ17 && !KV_TQ_KSPLIT
+#define KV_MMA_KLOAD_AL2 1
+static_assert(KV_TQ_RUN_BYTES % 2 == 0 && TQ_SLOT_BYTES % 2 == 0,
+              "held K-row runs: the lane's run at 0 or 2 mod 4 (even lane terms and rows)");
+#endif
 #endif
 
 #include "common/decode_core.cuh"

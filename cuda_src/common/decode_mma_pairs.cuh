@@ -78,6 +78,24 @@ if (pipe.slabs) {
         asm volatile("and.b32 %1, %0, 3;\n\tshl.b32 %1, %1, 3;\n\tand.b32 %0, %0, -4;"
                      : "+r"(lkl), "=r"(ksh));
     }
+#if defined(KV_MMA_KLOAD_AL2)
+    // (KV_MMA_KLOAD_AL2: 3bit_nc's KVKIT_DECODE_TQ3_ORDER64, decode_turboquant.cu) TK rows 2
+    // mod 4 bytes apart: lkl mod 4 is 0 or 2 (even rows, lane terms and stage offsets), so the
+    // TK row's run starts 2 or 4 bytes past the word TK SR0 - 2 bytes after lkl rounded down;
+    // that word and the shift 8 (lkl mod 4) + 16 (ksh2, a clamped funnel shift: 32 takes the
+    // next word) are held too, and both runs load as KAL's do.
+    constexpr bool KAL2 = kvd::STAGE_BYTES % 4 == 0 && (TK * SR0) % 4 == 2;
+    static_assert(KAL2, "held K-row runs: TK rows 2 mod 4 bytes apart, whole-word stages");
+    unsigned ksh2 = 0u;
+    asm volatile("and.b32 %1, %0, 3;\n\tshl.b32 %1, %1, 3;\n\tand.b32 %0, %0, -4;\n\t"
+                 "add.u32 %2, %1, 16;"
+                 : "+r"(lkl), "=r"(ksh), "=r"(ksh2));
+    constexpr int KTT = TK * SR0 - 2;  // the TK row's held word, from lkl
+#else
+    constexpr int KTT = TK * SR0;
+#endif
+#else
+    constexpr int KTT = TK * SR0;
 #endif
     constexpr int LC = 0;  // the key lane term is in lkl: the hook's c
 #if defined(KV_MMA_VLOAD_AT4)
@@ -188,7 +206,7 @@ if (pipe.slabs) {
 #pragma unroll
             for (int tt = 0; tt < 2; ++tt) {
                 kr[h][tt][0] = s + 2 * lkb + tt * TK * SR0;  // (the key factor's row)
-                kl[h][tt] = s + lkl + tt * TK * SR0;     // (the code run, lane term in)
+                kl[h][tt] = s + lkl + tt * KTT;          // (the code run, lane term in)
                 kr[h][tt][1] = kr[h][tt][2] = kr[h][tt][3] = s;  // (not read: one plane)
             }
 #elif KVD_PAIR_ADDR
@@ -220,6 +238,10 @@ if (pipe.slabs) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT) && defined(KV_MMA_KLOAD_AL)
+#if defined(KV_MMA_KLOAD_AL2)
+            kv_mma_kload_al(kl[h][0], ksh, kraw[h][0]);     // (kl rounded down to a word)
+            kv_mma_kload_al_c(kl[h][1], ksh2, kraw[h][1]);  // (the run 2 or 4 bytes on)
+#else
             if constexpr (KAL) {
                 kv_mma_kload_al(kl[h][0], ksh, kraw[h][0]);  // (kl rounded down to a word)
                 kv_mma_kload_al(kl[h][1], ksh, kraw[h][1]);
@@ -227,6 +249,7 @@ if (pipe.slabs) {
                 kv_mma_kload(&kl[h][0], LC, kraw[h][0]);
                 kv_mma_kload(&kl[h][1], LC, kraw[h][1]);
             }
+#endif
 #elif KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT)
             kv_mma_kload(&kl[h][0], LC, kraw[h][0]);
             kv_mma_kload(&kl[h][1], LC, kraw[h][1]);

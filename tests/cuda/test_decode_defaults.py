@@ -88,6 +88,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                                "KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_TQ_ISSUE",
                                "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_K3V4",
                                "KVKIT_DECODE_TQ3_BANKS", "KVKIT_DECODE_TQ4_ORDER64",
+                               "KVKIT_DECODE_TQ3_ORDER64",
                                "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_TQ17",
                                "KVKIT_DECODE_TQ_PV16"},
         "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2"},

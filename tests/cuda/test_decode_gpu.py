@@ -1999,7 +1999,9 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
 # --- TurboQuant token orders from the bank model (decode_turboquant.cu KV_MMA_TOKEN_A) --------
 # KVKIT_DECODE_TQ3_BANKS=1 (the default): 3bit_nc at head_dim 128, a(c) = 2 c, B = 8, K = 1.
 # KVKIT_DECODE_TQ4_ORDER64=1 (the default): 4bit_nc at head_dim 64, a(c) = 4 c, B = 1, K = 2.
-# Both take a warp's 16 staged tokens in another order in the single-tile loop (more rows,
+# KVKIT_DECODE_TQ3_ORDER64=1 (an A/B build; default 0): 3bit_nc at head_dim 64, a(c) = 4 c,
+# B = 2, K = 1, the tile pairs' K-row key runs from a held word (KV_MMA_KLOAD_AL2).
+# Each takes a warp's 16 staged tokens in another order in the single-tile loop (more rows,
 # and every build through KVKIT_ARCH=sm_80) and in the tile pairs (<= 4 rows on sm_90 /
 # sm_100, their lane offsets): which lane sums which token changes, so within float32
 # reassociation of 0 and within DECODE_GPU_RTOL of float64. Other presets and head sizes
@@ -2008,6 +2010,7 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
 TOKEN_ORDERS = {
     "tq3_banks": ("KVKIT_DECODE_TQ3_BANKS", "turboquant_3bit_nc", 128, (61, 67, 71)),
     "tq4_order64": ("KVKIT_DECODE_TQ4_ORDER64", "turboquant_4bit_nc", 64, (83, 85, 92)),
+    "tq3_order64": ("KVKIT_DECODE_TQ3_ORDER64", "turboquant_3bit_nc", 64, (97, 101, 103)),
 }
 #: (order, group, q_len, block_size, window): pairs (<= 4 rows), the single-tile loop (8, 16,
 #: 32 rows), pages below and above the 16-token tile, causal q_len 2, windows.
@@ -2019,6 +2022,10 @@ TOKEN_ORDER_CASES = [
     *(("tq4_order64", *c) for c in [
         (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (8, 1, 16, 90), (16, 1, 64, None),
         (1, 2, 64, None), (2, 2, 16, 90), (8, 2, 64, 200)]),
+    *(("tq3_order64", *c) for c in [
+        (1, 1, 16, None), (4, 1, 16, None), (4, 1, 64, 70), (2, 1, 64, None), (8, 1, 16, 90),
+        (16, 1, 64, None), (1, 2, 64, None), (2, 2, 16, 90), (1, 4, 16, None),
+        (8, 2, 64, 200)]),
 ]  # fmt: skip
 
 
@@ -2036,7 +2043,11 @@ def test_token_order_matches_the_build_before(cp, order, group, q_len, block_siz
 
 
 @pytest.mark.parametrize("block_size", [16, 64])
-@pytest.mark.parametrize("order, group", [("tq3_banks", 4), ("tq3_banks", 16), ("tq4_order64", 4)])
+@pytest.mark.parametrize(
+    "order, group",
+    [("tq3_banks", 4), ("tq3_banks", 16), ("tq4_order64", 4), ("tq3_order64", 4),
+     ("tq3_order64", 16)],
+)  # fmt: skip
 def test_token_order_refills_the_page_windows(cp, order, group, block_size, monkeypatch):
     """Splits of 70 (even) and 33 (odd) tiles (page-window refills between pairs; the
     single-tile loop at 16 rows), with and without a window, against 0."""
@@ -2056,7 +2067,10 @@ def test_token_order_refills_the_page_windows(cp, order, group, block_size, monk
      for g, q in [(4, 1), (16, 1), (8, 2)]]
     + [("tq4_order64", n, d, 4, 1)
        for n, d in [("turboquant_4bit_nc", 128), ("turboquant_3bit_nc", 64),
-                    ("turboquant_k3v4_nc", 64)]],
+                    ("turboquant_k3v4_nc", 64)]]
+    + [("tq3_order64", n, d, 4, 1)
+       for n, d in [("turboquant_4bit_nc", 64), ("turboquant_k3v4_nc", 64),
+                    ("turboquant_3bit_nc", 128), ("turboquant_3bit_nc", 256)]],
 )  # fmt: skip
 def test_token_order_leaves_the_others_alone(cp, order, name, head_dim, group, q_len, monkeypatch):
     """The order's switch at 1 builds the same code for the other presets and head sizes: bit
@@ -2072,7 +2086,8 @@ def test_token_order_leaves_the_others_alone(cp, order, name, head_dim, group, q
     "order, group, q_len, block_size",
     [("tq3_banks", g, q, b) for g, q in [(1, 1), (4, 1), (8, 1), (16, 1), (2, 2), (16, 2)]
      for b in (16, 64)]
-    + [("tq4_order64", g, q, 16) for g, q in [(1, 1), (4, 1), (8, 1), (2, 2)]],
+    + [("tq4_order64", g, q, 16) for g, q in [(1, 1), (4, 1), (8, 1), (2, 2)]]
+    + [("tq3_order64", g, q, b) for g, q in [(1, 1), (4, 1), (8, 1), (2, 2)] for b in (16, 64)],
 )  # fmt: skip
 def test_token_order_matches_float64_at_every_split_count(cp, order, group, q_len, block_size,
                                                           monkeypatch):  # fmt: skip
@@ -2096,6 +2111,18 @@ def test_tq3_banks_token_major_planes(cp, group, monkeypatch):
     monkeypatch.setenv("KVKIT_DECODE_TQ3_BANKS", "1")
     case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=1, block_size=32,
                 seq_lens=[70, 33, 300], seed=group + 79)  # fmt: skip
+    store_token_major(cp, case)
+    check_against_reference(case, split_choices=(1, 3))
+
+
+@pytest.mark.parametrize("group", [4, 16])
+def test_tq3_order64_token_major_planes(cp, group, monkeypatch):
+    """Token-major (NHD) slot planes (no slab copies: padded 80-byte staging rows, the
+    single-tile loop, where the order costs wavefronts instead) under
+    KVKIT_DECODE_TQ3_ORDER64=1: within DECODE_GPU_RTOL of float64 at 1 and 3 splits."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ3_ORDER64", "1")
+    case = Case("turboquant_3bit_nc", head_dim=64, hkv=2, group=group, q_len=1, block_size=32,
+                seq_lens=[70, 33, 300], seed=group + 107)  # fmt: skip
     store_token_major(cp, case)
     check_against_reference(case, split_choices=(1, 3))
 

@@ -332,3 +332,95 @@ def test_tq4_order64_keeps_the_alignments_and_cuts_the_value_wavefronts():
         if (f[2] * geo["slot"]) % 4 == 0 and all(x % 2 == 0 for x in f[0])
     ]
     assert min(kept) == 32
+
+
+def held_key_loads(geo: dict, tok: list[int]) -> list:
+    """The tile pairs' key loads under KV_MMA_KLOAD_AL2 (KVKIT_DECODE_TQ3_ORDER64): token
+    tok(g)'s run as slot_loads has it (KV_TQ_RUN_WORDS + 1 words from the 4-byte boundary below
+    it), token tok(g + 8)'s the same number of words from that boundary plus
+    4 floor(K slot / 4) bytes (its run 2 or 4 bytes into them), then the norms."""
+    slot = geo["slot"]
+    run = (geo["D"] // 4) * geo["kb"] // 8
+    kk = tok[8] - tok[0]
+    assert all(tok[i + 8] - tok[i] == kk for i in range(8))
+    held = [tok[lane >> 2] * slot + run * (lane & 3) for lane in range(32)]
+    held = [p - p % 4 for p in held]
+    loads = []
+    for tt in (0, 1):
+        for i in range((run + 3) // 4 + 1):
+            loads.append([(b + tt * 4 * (kk * slot // 4)) // 4 + i for b in held])
+        loads.append([(tok[(lane >> 2) + 8 * tt] * slot + geo["norm"]) // 4 for lane in range(32)])
+    return loads
+
+
+def test_tq3_order64_cuts_the_key_wavefronts():
+    """KVKIT_DECODE_TQ3_ORDER64=1's order for 3bit_nc at D = 64 (54-byte rows; a(c) = 4 c,
+    B = 2, K = 1): 20 + 20 wavefronts per warp-tile in order. Orders of the form that keep the
+    pairs' held key-run alignment (K rows a whole number of words apart: K even) reach no fewer
+    than 40; the best of the form, 17 + 20, has K = 1 (its K row's run by its run-time
+    alignment: the single-tile loop's loads). The pairs read that run from the held word
+    (held_key_loads): 14 + 20, the fewest of any form so loaded, with the same loads as in
+    order. The value loads (KV_TQ_V_WORD's 2-byte units) and the norm, scale and zero read 2-byte
+    aligned fields: no alignment to keep. In staged rows padded to 80 bytes (launches without
+    token-contiguous slot slabs: the single-tile loop) the order costs: 14 + 12 -> 16 + 24."""
+    geo = slot_geometry("turboquant_3bit_nc", 64)
+    tok = kernel_order_at(64, 3, 3)
+    assert sorted(tok) == IDENT
+    assert tok == form_tokens([0, 4, 8, 12], 2, 1)
+    assert (geo["slot"] % 4, (1 * geo["slot"]) % 4) == (2, 2)  # K = 1 rows: 2 mod 4 apart
+    assert slot_wavefronts(geo, IDENT) == (20, 20)
+    assert slot_wavefronts(geo, tok) == (17, 20)  # run-time alignment
+    held = held_key_loads(geo, tok)
+    assert sum(map(wavefronts, held)) == 14
+    keys, vals = slot_loads(geo, tok)
+    assert len(held) == len(keys) == len(slot_loads(geo, IDENT)[0])
+    assert len(vals) == len(slot_loads(geo, IDENT)[1])
+    forms = list(order_forms())
+    kept = [f for f in forms if (f[2] * geo["slot"]) % 4 == 0]
+    assert min(sum(slot_wavefronts(geo, form_tokens(*f))) for f in kept) == 40
+    odd = [f for f in forms if (f[2] * geo["slot"]) % 4 == 2]
+    best = min(
+        sum(map(wavefronts, held_key_loads(geo, t))) + slot_wavefronts(geo, t)[1]
+        for t in (form_tokens(*f) for f in odd)
+    )
+    assert best == 34
+    # the in-order held loads (K = 8: whole words) are slot_loads' own
+    assert held_key_loads(geo, IDENT) == slot_loads(geo, IDENT)[0]
+    assert slot_wavefronts(geo, IDENT, stride=80) == (14, 12)
+    assert slot_wavefronts(geo, tok, stride=80) == (16, 24)
+
+
+def test_tq3_order64_held_word_holds_the_k_rows_run():
+    """kv_mma_kload_al_c's reading of the K row's run (decode_mma_pairs.cuh KV_MMA_KLOAD_AL2)
+    against the run's own bytes, over a stage of random bytes: for each warp (rows 16 w on),
+    each score token tok(g) of the order and lane term 6 c, the held word is lkl rounded down
+    plus 54 K - 2 bytes, the held shift 8 (lkl mod 4) + 16, clamped at 32; its
+    KV_TQ_RUN_WORDS + 1 words must give the run of token tok(g) + K in raw[0..1] (run byte 0 at
+    bit 0) and stay inside the stage."""
+    import random
+
+    geo = slot_geometry("turboquant_3bit_nc", 64)
+    slot, run = geo["slot"], (64 // 4) * 3 // 8
+    nwords = (run + 3) // 4
+    tok = kernel_order_at(64, 3, 3)
+    kk = tok[8] - tok[0]
+    rng = random.Random(5)
+    stage = bytes(rng.randrange(256) for _ in range(4 * 16 * slot))
+    word = lambda p: int.from_bytes(stage[p : p + 4], "little")  # noqa: E731
+    shifts = set()
+    for w in range(4):
+        for g in range(8):
+            for c in range(4):
+                lkl = (16 * w + tok[g]) * slot + run * c
+                base, sh = lkl - lkl % 4 + kk * slot - 2, 8 * (lkl % 4) + 16
+                shifts.add(sh)
+                assert base % 4 == 0 and base + 4 * (nwords + 1) <= len(stage)
+                ws = [word(base + 4 * i) for i in range(nwords + 1)]
+                raw = [
+                    ((ws[i + 1] << 32 | ws[i]) >> min(sh, 32)) & 0xFFFFFFFF for i in range(nwords)
+                ]
+                p2 = lkl + kk * slot  # the K row's run
+                want = int.from_bytes(stage[p2 : p2 + run], "little")
+                got = (raw[1] << 32 | raw[0]) & ((1 << (8 * run)) - 1)
+                assert got == want, (w, g, c)
+    assert shifts == {16, 32}  # both alignments occur
