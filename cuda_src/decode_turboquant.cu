@@ -1010,7 +1010,7 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 #if KVKIT_DECODE_TQ4_ORDER64 < 0 || KVKIT_DECODE_TQ4_ORDER64 > 1
 #error "KVKIT_DECODE_TQ4_ORDER64: 0 or 1"
 #endif
-// -DKVKIT_DECODE_TQ3_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 0, the build before): 1
+// -DKVKIT_DECODE_TQ3_ORDER64 (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build before): 1
 // takes turboquant_3bit_nc's staged slot loads at head_dim 64 (54-byte rows) in the order
 // a(c) = 4 c, B = 2, K = 1 (tokens 0 2 4 6 8 10 12 14 1 3 5 7 9 11 13 15), with the tile pairs'
 // key runs of the K rows read from the held word below (KV_MMA_KLOAD_AL2). Why: 3bit_nc at
@@ -1034,9 +1034,16 @@ __device__ __forceinline__ void kv_mma_vtok(const unsigned char* const* rows, fl
 // no spills); the single-tile loop (16 x 1) 689 -> 692 per warp-tile. In staged rows padded to
 // 80 bytes (caches without token-contiguous slot slabs) the order costs (model: 14 + 12 -> 16 +
 // 24), as KVKIT_DECODE_TQ3_BANKS's does at 128. Which lane sums which token changes: float32
-// rounding apart, the same attention. Not measured yet (session 22 helper, no GPU).
+// rounding apart, the same attention.
+// Measured on the H200 (session 22, call 2; graph ms, 0 / 1 / 0 / 1, 4bit_nc's unchanged build
+// beside it): (32, 4096) D = 64 0.0442 / 0.0427 / 0.0438 / 0.0426 (4bit_nc 0.0434 / 0.0429 /
+// 0.0428 / 0.0429), (8, 8192) 0.0262 / 0.0255 / 0.0260 / 0.0256 (0.0258 / 0.0258 / 0.0257 /
+// 0.0257), (1, 32768) 0.0179 / 0.0174 / 0.0177 / 0.0174 (0.0175 / 0.0174 / 0.0173 / 0.0174):
+// -2.3 to -3.4%, level with or faster than 4bit_nc. With the switch at 1 every 3-bit decode
+// and plan GPU test (-k "3bit and not write", 300) passed natively and 300 through sm_80,
+// memcheck of sanitize_targets 64 and the order's tests: 0 errors. Default 1.
 #ifndef KVKIT_DECODE_TQ3_ORDER64
-#define KVKIT_DECODE_TQ3_ORDER64 0
+#define KVKIT_DECODE_TQ3_ORDER64 1
 #endif
 #if KVKIT_DECODE_TQ3_ORDER64 < 0 || KVKIT_DECODE_TQ3_ORDER64 > 1
 #error "KVKIT_DECODE_TQ3_ORDER64: 0 or 1"

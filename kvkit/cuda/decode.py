@@ -113,7 +113,7 @@ stage 1; A/B runs; unset: 1): tokens in order / a warp's staged tokens in an ord
 shared-memory wavefronts of the value loads (decode_turboquant.cu); float32 rounding apart,
 the same attention.
 ``KVKIT_DECODE_TQ3_ORDER64=0`` / ``1`` (turboquant_3bit_nc at head_dim 64, the tensor-core
-stage 1; A/B runs; unset: 0): tokens in order / a warp's staged tokens in an order with fewer
+stage 1; A/B runs; unset: 1): tokens in order / a warp's staged tokens in an order with fewer
 shared-memory wavefronts of the key loads, the tile pairs reading the second key run of a lane
 from a held word (decode_turboquant.cu); float32 rounding apart, the same attention.
 ``KVKIT_DECODE_NV_PACK=0`` / ``1`` / ``2`` (NVFP4, every arch; A/B runs; unset: 1 from head_dim
@@ -466,8 +466,8 @@ _FAMILY_SWITCHES = (
     # KVKIT_DECODE_TQ4_ORDER64).
     ("KVKIT_DECODE_TQ4_ORDER64", ("0", "1"), ("turboquant",)),
     # turboquant_3bit_nc at head_dim 64: a warp's staged tokens in an order with fewer key
-    # wavefronts, the tile pairs' second key run from a held word (1), or in order (0, the
-    # default: the build before) (decode_turboquant.cu KVKIT_DECODE_TQ3_ORDER64).
+    # wavefronts, the tile pairs' second key run from a held word (1, the default), or in order
+    # (0, the build before) (decode_turboquant.cu KVKIT_DECODE_TQ3_ORDER64).
     ("KVKIT_DECODE_TQ3_ORDER64", ("0", "1"), ("turboquant",)),
     # NVFP4: P's fp16 parts in the mma's padding columns at <= 4 query rows and the unguarded
     # softmax (1, the default from head_dim 128), the softmax only (2, below), or as before

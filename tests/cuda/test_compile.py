@@ -286,10 +286,10 @@ def test_tensor_core_decode_does_not_spill(arch):
     # default 1 takes a bank-friendly order), also at G x q_len = 16 x 1 (the single-tile loop)
     # and 2 x 4; "-tq4o640": 4bit_nc at head_dim 64 with its tokens in order
     # (KVKIT_DECODE_TQ4_ORDER64=0, A/B runs; the default 1 takes a bank-friendly order), both
-    # also at 8 x 1, 2 x 4 and 16 x 1 there; "-tq3o641": 3bit_nc at head_dim 64 in a
-    # bank-friendly order, the tile pairs' second key run from a held word
-    # (KVKIT_DECODE_TQ3_ORDER64=1, A/B runs; the default 0 keeps the tokens in order), at head_dim
-    # 64 only (4 x 1, 8 x 1: 127 registers on sm_90, 2 x 2, 1 x 1, 2 x 4, 16 x 1).
+    # also at 8 x 1, 2 x 4 and 16 x 1 there; "-tq3o640": 3bit_nc at head_dim 64 with its
+    # tokens in order (KVKIT_DECODE_TQ3_ORDER64=0, A/B runs; the default 1 takes a bank-friendly
+    # order, the tile pairs' second key run from a held word), both at head_dim 64 at 4 x 1,
+    # 8 x 1 (127 registers on sm_90 with the order), 2 x 2 and 16 x 1.
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -318,7 +318,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "nocap": ("KV_SOFTCAP", "0"),
         "tq3banks0": ("KVKIT_DECODE_TQ3_BANKS", "0"),
         "tq4o640": ("KVKIT_DECODE_TQ4_ORDER64", "0"),
-        "tq3o641": ("KVKIT_DECODE_TQ3_ORDER64", "1"),
+        "tq3o640": ("KVKIT_DECODE_TQ3_ORDER64", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -335,7 +335,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_4bit_nc-tqpv16_0", "nvfp4-nocap", "turboquant_4bit_nc-nocap",
                  "turboquant_3bit_nc-nocap", "fp16-nocap",
                  "turboquant_3bit_nc-tq3banks0", "turboquant_4bit_nc-tq4o640",
-                 "turboquant_3bit_nc-tq3o641"):  # fmt: skip
+                 "turboquant_3bit_nc-tq3o640"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
@@ -344,10 +344,9 @@ def test_tensor_core_decode_does_not_spill(arch):
             shapes += ((16, 1, 128, "1"), (2, 4, 128, "1"))
         if name == "turboquant_4bit_nc" and switch in ("", "tq4o640"):  # both orders
             shapes += ((8, 1, 64, "0"), (2, 4, 64, "1"), (16, 1, 64, "1"))
-        if name == "turboquant_3bit_nc" and switch in ("", "tq3o641"):  # both orders
-            shapes += ((8, 1, 64, "0"), (2, 2, 64, "1"), (1, 1, 64, "1"), (2, 4, 64, "1"),
-                       (16, 1, 64, "1"))  # fmt: skip
-        if switch == "tq3o641":  # (the other head_dims' builds are the default's)
+        if name == "turboquant_3bit_nc" and switch in ("", "tq3o640"):  # both orders
+            shapes += ((8, 1, 64, "0"), (2, 2, 64, "1"), (16, 1, 64, "1"))
+        if switch == "tq3o640":  # (the other head_dims' builds are the default's)
             shapes = tuple(x for x in shapes if x[2] == 64)
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
@@ -408,12 +407,12 @@ def test_k3v4_d64_token_order_does_not_spill(arch):
 
 @pytest.mark.parametrize("arch", ["sm_100a", "sm_120a"])
 def test_tq3_order64_does_not_spill(arch):
-    """turboquant_3bit_nc at head_dim 64 with KVKIT_DECODE_TQ3_ORDER64=1 (an A/B build; the
+    """turboquant_3bit_nc at head_dim 64 with KVKIT_DECODE_TQ3_ORDER64=1 (the default; the
     tile pairs hold one more shift for the K rows' key runs) on the targets
-    test_tensor_core_decode_does_not_spill leaves out (it builds sm_80 and sm_90, "-tq3o641"):
-    no spills on the tensor-core shapes."""
+    test_tensor_core_decode_does_not_spill leaves out (it builds sm_80 and sm_90): no spills on
+    the tensor-core shapes."""
     cases, jobs = [], []
-    for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4), (16, 1)):
+    for group, q_len in ((4, 1), (8, 1), (16, 1)):  # pairs; 127 registers on sm_90; one tile
         defines = dict(formats.get("turboquant_3bit_nc", 64).cuda_defines())
         defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
                        KVKIT_DECODE_TQ3_ORDER64="1")  # fmt: skip

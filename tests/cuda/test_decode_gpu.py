@@ -1999,7 +1999,7 @@ def test_k3v4_matches_float64_at_every_split_count(cp, value, head_dim, group, q
 # --- TurboQuant token orders from the bank model (decode_turboquant.cu KV_MMA_TOKEN_A) --------
 # KVKIT_DECODE_TQ3_BANKS=1 (the default): 3bit_nc at head_dim 128, a(c) = 2 c, B = 8, K = 1.
 # KVKIT_DECODE_TQ4_ORDER64=1 (the default): 4bit_nc at head_dim 64, a(c) = 4 c, B = 1, K = 2.
-# KVKIT_DECODE_TQ3_ORDER64=1 (an A/B build; default 0): 3bit_nc at head_dim 64, a(c) = 4 c,
+# KVKIT_DECODE_TQ3_ORDER64=1 (the default since session 22): 3bit_nc at head_dim 64, a(c) = 4 c,
 # B = 2, K = 1, the tile pairs' K-row key runs from a held word (KV_MMA_KLOAD_AL2).
 # Each takes a warp's 16 staged tokens in another order in the single-tile loop (more rows,
 # and every build through KVKIT_ARCH=sm_80) and in the tile pairs (<= 4 rows on sm_90 /
