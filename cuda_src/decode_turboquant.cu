@@ -438,38 +438,29 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
 // hold the lane's rounded offset and shift: decode_mma_pairs.cuh KV_MMA_KLOAD_AL, the hook's
 // c = 0 there). The same loads and funnel shifts, without the per-run alignment arithmetic.
 #define KV_MMA_KLOAD_AL 1
+// CLAMP (KVKIT_DECODE_TQ3_ORDER64, decode_mma_pairs.cuh KV_MMA_KLOAD_AL2): a run at byte 2 or 4
+// of the word at p (sh = 16 or 32); the same N + 1 word loads (the run's last byte is at most
+// byte 3 + KV_TQ_RUN_BYTES of them: inside the slot, as kv_tq_load_words' word past the run),
+// funnel shifts that clamp, so sh = 32 takes the next word whole.
+template <bool CLAMP = false>
 __device__ __forceinline__ void kv_mma_kload_al(const unsigned char* p, unsigned sh,
                                                 unsigned* raw) {
     const unsigned* q = reinterpret_cast<const unsigned*>(p);
 #if KV_TQ_KSPLIT
+    static_assert(!CLAMP, "clamped runs: whole runs only");
     kv_tq_kchunks(q, sh, raw);
 #else
     constexpr int N = KV_TQ_RUN_WORDS;
-    unsigned w[N + 1];
-#pragma unroll
-    for (int i = 0; i <= N; ++i) w[i] = q[i];
-#pragma unroll
-    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_r(w[i], w[i + 1], sh);
-#endif
-}
-#if KV_HEAD_DIM == 64 && TQ_KEY_BITS == 3 && TQ_VALUE_BITS == 3
-// (KVKIT_DECODE_TQ3_ORDER64, decode_mma_pairs.cuh KV_MMA_KLOAD_AL2) A run at byte 2 or 4 of
-// the word at p (sh = 16 or 32): the same N + 1 word loads (the run's last byte is at most
-// byte 3 + KV_TQ_RUN_BYTES of them: inside the slot, as kv_tq_load_words' word past the run),
-// funnel shifts that clamp, so sh = 32 takes the next word whole.
-__device__ __forceinline__ void kv_mma_kload_al_c(const unsigned char* p, unsigned sh,
-                                                  unsigned* raw) {
-    constexpr int N = KV_TQ_RUN_WORDS;
-    static_assert(!KV_TQ_KSPLIT && 4 + KV_TQ_RUN_BYTES <= 4 * (N + 1),
+    static_assert(!CLAMP || 4 + KV_TQ_RUN_BYTES <= 4 * (N + 1),
                   "the run at byte 4 inside the N + 1 words");
-    const unsigned* q = reinterpret_cast<const unsigned*>(p);
     unsigned w[N + 1];
 #pragma unroll
     for (int i = 0; i <= N; ++i) w[i] = q[i];
 #pragma unroll
-    for (int i = 0; i < N; ++i) raw[i] = __funnelshift_rc(w[i], w[i + 1], sh);
-}
+    for (int i = 0; i < N; ++i)
+        raw[i] = CLAMP ? __funnelshift_rc(w[i], w[i + 1], sh) : __funnelshift_r(w[i], w[i + 1], sh);
 #endif
+}
 #endif
 #if TQ_KEY_BITS == 3
 // 3-bit codes: the table offset of a code is (y & (7 << s)) | 4 lane, one LOP3, where y is a

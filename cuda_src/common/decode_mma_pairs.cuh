@@ -240,7 +240,7 @@ if (pipe.slabs) {
 #if KVD_PAIR_ADDR && defined(KV_MMA_LANE_SLOT) && defined(KV_MMA_KLOAD_AL)
 #if defined(KV_MMA_KLOAD_AL2)
             kv_mma_kload_al(kl[h][0], ksh, kraw[h][0]);     // (kl rounded down to a word)
-            kv_mma_kload_al_c(kl[h][1], ksh2, kraw[h][1]);  // (the run 2 or 4 bytes on)
+            kv_mma_kload_al<true>(kl[h][1], ksh2, kraw[h][1]);  // (the run 2 or 4 bytes on)
 #else
             if constexpr (KAL) {
                 kv_mma_kload_al(kl[h][0], ksh, kraw[h][0]);  // (kl rounded down to a word)

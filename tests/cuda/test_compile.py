@@ -389,33 +389,31 @@ def test_turboquant_256_token_order_and_pairs_do_not_spill(arch):
     assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []
 
 
-@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_100a"])
-def test_k3v4_d64_token_order_does_not_spill(arch):
-    """turboquant_k3v4_nc at head_dim 64 with its token order (KVKIT_DECODE_K3V4=1, the
-    default): the tile pairs at four CTAs per SM (<= 128 registers) hold 101-128 registers
-    (sm_90 4 x 1: 127, sm_100a 2 x 2: 128; 0: 94-124), so no spills on the tensor-core
-    shapes."""
-    cases, jobs = [], []
-    for group, q_len in ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4)):
-        defines = dict(formats.get("turboquant_k3v4_nc", 64).cuda_defines())
-        defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
-                       KVKIT_DECODE_K3V4="1")  # fmt: skip
-        cases.append((group, q_len))
-        jobs.append(("decode_turboquant.cu", defines, arch))
-    assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []
+# Head-dim-64 token orders whose tile pairs hold more registers (the default builds): preset,
+# switch, targets, (G, q_len) shapes.
+_D64_ORDER_BUILDS = (
+    ("turboquant_k3v4_nc", "KVKIT_DECODE_K3V4", ("sm_80", "sm_90", "sm_100a"),
+     ((4, 1), (8, 1), (2, 2), (1, 1), (2, 4))),
+    ("turboquant_3bit_nc", "KVKIT_DECODE_TQ3_ORDER64", ("sm_100a", "sm_120a"),
+     ((4, 1), (8, 1), (16, 1))),
+)  # fmt: skip
 
 
-@pytest.mark.parametrize("arch", ["sm_100a", "sm_120a"])
-def test_tq3_order64_does_not_spill(arch):
-    """turboquant_3bit_nc at head_dim 64 with KVKIT_DECODE_TQ3_ORDER64=1 (the default; the
-    tile pairs hold one more shift for the K rows' key runs) on the targets
-    test_tensor_core_decode_does_not_spill leaves out (it builds sm_80 and sm_90): no spills on
-    the tensor-core shapes."""
+@pytest.mark.parametrize(
+    "name, switch, arch, shapes",
+    [(n, sw, a, sh) for n, sw, archs, sh in _D64_ORDER_BUILDS for a in archs],
+)
+def test_d64_token_orders_do_not_spill(name, switch, arch, shapes):
+    """The head_dim-64 token orders at their defaults (1), on the tensor-core shapes:
+    turboquant_k3v4_nc's (KVKIT_DECODE_K3V4: the tile pairs at four CTAs per SM, <= 128
+    registers, hold 101-128; sm_90 4 x 1: 127, sm_100a 2 x 2: 128; 0: 94-124) and
+    turboquant_3bit_nc's (KVKIT_DECODE_TQ3_ORDER64: one more held shift for the K rows' key
+    runs; on the targets test_tensor_core_decode_does_not_spill leaves out, which builds sm_80
+    and sm_90): no spills."""
     cases, jobs = [], []
-    for group, q_len in ((4, 1), (8, 1), (16, 1)):  # pairs; 127 registers on sm_90; one tile
-        defines = dict(formats.get("turboquant_3bit_nc", 64).cuda_defines())
-        defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len),
-                       KVKIT_DECODE_TQ3_ORDER64="1")  # fmt: skip
+    for group, q_len in shapes:
+        defines = dict(formats.get(name, 64).cuda_defines())
+        defines.update(KV_IN_DTYPE="1", KV_GROUP=str(group), KV_Q_LEN=str(q_len), **{switch: "1"})
         cases.append((group, q_len))
         jobs.append(("decode_turboquant.cu", defines, arch))
     assert _spilled_builds(cases, _ptxas_builds(jobs), mma=True) == []

@@ -391,7 +391,7 @@ def test_tq3_order64_cuts_the_key_wavefronts():
 
 
 def test_tq3_order64_held_word_holds_the_k_rows_run():
-    """kv_mma_kload_al_c's reading of the K row's run (decode_mma_pairs.cuh KV_MMA_KLOAD_AL2)
+    """kv_mma_kload_al<true>'s reading of the K row's run (decode_mma_pairs.cuh KV_MMA_KLOAD_AL2)
     against the run's own bytes, over a stage of random bytes: for each warp (rows 16 w on),
     each score token tok(g) of the order and lane term 6 c, the held word is lkl rounded down
     plus 54 K - 2 bytes, the held shift 8 (lkl mod 4) + 16, clamped at 32; its

@@ -786,6 +786,37 @@ def test_turboquant_variant_5_equals_default_on_gaussian_rows(name, monkeypatch)
         assert np.array_equal(got[""][pname], got["5"][pname]), pname
 
 
+def _write_around_bad_slots(fmt, in_dtype, *, n, heads, bad, seeds, scales, context):
+    """Writes n Gaussian rows (K, V scaled by `scales`) in `in_dtype` through the CUDA backend
+    into 16-token pages with every fifth slot padding and the rows `bad` beyond the cache, and
+    checks: the error flag is set, and the planes equal the Numba backend's writing the same
+    rows with the bad slots as padding (nothing written for them)."""
+    import cupy
+
+    from kvkit.cuda.write import write_rows
+
+    bs, d = 16, fmt.head_dim
+    nb = -(-n // bs) + 1
+    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=seeds[0])
+    rng = np.random.default_rng(seeds[1])
+    k32 = (rng.standard_normal((n, heads, d)) * scales[0]).astype(np.float32)
+    v32 = (rng.standard_normal((n, heads, d)) * scales[1]).astype(np.float32)
+    k_in, v_in = k32, v32
+    if in_dtype == "float16":
+        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
+        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
+    elif in_dtype == "bfloat16":
+        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
+        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
+    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
+    slots[::5] = -1
+    slots[list(bad)] = [nb * bs + 1000 * i for i in range(len(bad))]
+    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
+    assert int(gpu.error_flag.get()[0]) & 1
+    cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
+    assert_planes_equal(cpu, gpu, context=f"{fmt.name} D={d} {in_dtype} {context}")
+
+
 # --- Load order of the NVFP4 / TurboQuant writes (KVKIT_WRITE_EARLY_LOADS; kvkit/cuda/write.py) ---
 @pytest.mark.gpu
 @pytest.mark.parametrize("early", ["0", "1"])
@@ -799,30 +830,10 @@ def test_load_order_equals_numba_around_bad_slots(name, in_dtype, early, monkeyp
     backend's bytes for the good rows, nothing for the others, and flag the bad slots: 203 rows
     (a partial last CTA), every fifth slot padding, two beyond the cache, in warps and CTAs that
     mix them with good rows."""
-    import cupy
-
-    from kvkit.cuda.write import write_rows
-
     monkeypatch.setenv("KVKIT_WRITE_EARLY_LOADS", early)
-    d, heads, bs = 128, 2, 16
-    fmt = formats.get(name, d)
-    n = 203
-    nb = -(-n // bs) + 1
-    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=17)
-    rng = np.random.default_rng(23)
-    k32 = (rng.standard_normal((n, heads, d)) * 3.0).astype(np.float32)
-    v32 = (rng.standard_normal((n, heads, d)) * 0.5).astype(np.float32)
-    k_in, v_in = k32, v32
-    if in_dtype == "float16":
-        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
-        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
-    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
-    slots[::5] = -1
-    slots[[7, 130]] = [nb * bs, nb * bs + 1000]
-    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
-    assert int(gpu.error_flag.get()[0]) & 1
-    cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
-    assert_planes_equal(cpu, gpu, context=f"{name} {in_dtype} early={early}")
+    fmt = formats.get(name, 128)
+    _write_around_bad_slots(fmt, in_dtype, n=203, heads=2, bad=(7, 130), seeds=(17, 23),
+                            scales=(3.0, 0.5), context=f"early={early}")  # fmt: skip
 
 
 # --- Warps per CTA of the TurboQuant write (KVKIT_WRITE_TQ_WARPS; kvkit/cuda/write.py tq_warps) ---
@@ -839,30 +850,10 @@ def test_turboquant_write_warps_equal_numba_around_bad_slots(name, d, in_dtype, 
     bytes for the good rows, nothing for the others, and flag the bad slots: 437 rows (no
     count of rows per CTA divides it, so the last CTA is partial), every fifth slot padding,
     two beyond the cache; D = 48 takes the shared-memory body, whose staging is per CTA."""
-    import cupy
-
-    from kvkit.cuda.write import tq_launch_defines, write_rows
+    from kvkit.cuda.write import tq_launch_defines
 
     monkeypatch.setenv("KVKIT_WRITE_TQ_WARPS", warps)
     fmt = formats.get(name, d)
     assert tq_launch_defines(fmt, "1")["TQ_WARPS"] == warps
-    heads, bs, n = 3, 16, 437
-    nb = -(-n // bs) + 1
-    cpu, gpu = make_layers(fmt, heads, nb, bs, seed=29)
-    rng = np.random.default_rng(31)
-    k32 = (rng.standard_normal((n, heads, d)) * 2.0).astype(np.float32)
-    v32 = (rng.standard_normal((n, heads, d)) * 0.7).astype(np.float32)
-    k_in, v_in = k32, v32
-    if in_dtype == "float16":
-        k_in, v_in = k32.astype(np.float16), v32.astype(np.float16)
-        k32, v32 = k_in.astype(np.float32), v_in.astype(np.float32)
-    elif in_dtype == "bfloat16":
-        k_in, v_in = codecs.bf16_bits_array(k32), codecs.bf16_bits_array(v32)
-        k32, v32 = codecs.bf16_values_array(k_in), codecs.bf16_values_array(v_in)
-    slots = rng.permutation(nb * bs)[:n].astype(np.int64)
-    slots[::5] = -1
-    slots[[11, 300]] = [nb * bs, nb * bs + 7]
-    write_rows(gpu, cupy.asarray(k_in), cupy.asarray(v_in), cupy.asarray(slots), in_dtype)
-    assert int(gpu.error_flag.get()[0]) & 1
-    cpu_backend.write_rows(cpu, k32, v32, np.where(slots >= nb * bs, -1, slots))
-    assert_planes_equal(cpu, gpu, context=f"{name} D={d} {in_dtype} warps={warps}")
+    _write_around_bad_slots(fmt, in_dtype, n=437, heads=3, bad=(11, 300), seeds=(29, 31),
+                            scales=(2.0, 0.7), context=f"warps={warps}")  # fmt: skip
