@@ -2103,26 +2103,20 @@ def test_token_order_matches_float64_at_every_split_count(cp, order, group, q_le
     check_against_reference(case)
 
 
-@pytest.mark.parametrize("group", [4, 16])
-def test_tq3_banks_token_major_planes(cp, group, monkeypatch):
-    """Token-major (NHD) slot planes (no slab copies: padded staging rows, where the order
-    costs wavefronts instead) under KVKIT_DECODE_TQ3_BANKS=1: within DECODE_GPU_RTOL of
-    float64 at 1 and 3 splits."""
-    monkeypatch.setenv("KVKIT_DECODE_TQ3_BANKS", "1")
-    case = Case("turboquant_3bit_nc", head_dim=128, hkv=2, group=group, q_len=1, block_size=32,
-                seq_lens=[70, 33, 300], seed=group + 79)  # fmt: skip
-    store_token_major(cp, case)
-    check_against_reference(case, split_choices=(1, 3))
-
-
-@pytest.mark.parametrize("group", [4, 16])
-def test_tq3_order64_token_major_planes(cp, group, monkeypatch):
-    """Token-major (NHD) slot planes (no slab copies: padded 80-byte staging rows, the
-    single-tile loop, where the order costs wavefronts instead) under
-    KVKIT_DECODE_TQ3_ORDER64=1: within DECODE_GPU_RTOL of float64 at 1 and 3 splits."""
-    monkeypatch.setenv("KVKIT_DECODE_TQ3_ORDER64", "1")
-    case = Case("turboquant_3bit_nc", head_dim=64, hkv=2, group=group, q_len=1, block_size=32,
-                seq_lens=[70, 33, 300], seed=group + 107)  # fmt: skip
+@pytest.mark.parametrize(
+    "order, group, seed",
+    [("tq3_banks", 4, 79), ("tq3_banks", 16, 79),
+     ("tq3_order64", 4, 107), ("tq3_order64", 16, 107)],
+)  # fmt: skip
+def test_token_order_token_major_planes(cp, order, group, seed, monkeypatch):
+    """Token-major (NHD) slot planes (no slab copies: padded staging rows, 112 bytes at
+    head_dim 128 and 80 at 64, and the single-tile loop, where the order costs wavefronts
+    instead) under the order's switch at 1: within DECODE_GPU_RTOL of float64 at 1 and 3
+    splits."""
+    var, name, head_dim, _ = TOKEN_ORDERS[order]
+    monkeypatch.setenv(var, "1")
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=32,
+                seq_lens=[70, 33, 300], seed=group + seed)  # fmt: skip
     store_token_major(cp, case)
     check_against_reference(case, split_choices=(1, 3))
 
