@@ -57,15 +57,15 @@
 // 16-bit inputs at D <= 128: the write waits on memory latency, and more rows in flight per SM
 // beat fewer instructions per row. Else 1, since a larger minimum made ptxas cap registers
 // and spill on some targets (sm_86, sm_120a).
-// Warps per CTA: 4 keeps CTAs small so a handful of tokens still spreads over many SMs.
 // TQ_RPW (rows per warp, a launch define from kvkit/cuda/write.py tq_rows_per_warp): 4 for MSE
 // keys, or 2 at D = 512 to keep the 2 x 16 x R input floats per lane in registers; 2 for FP8
 // keys (measured faster at twice the warps). 8 also builds (the
 // row-uniform work per row halves) but needs 128 registers and measured slower on the H200.
 // Shared memory of the second body TQ_WARPS * R * (D + slot bytes) <= 40 KB (8 warps).
-// TQ_WARPS (warps per CTA, a launch define from kvkit/cuda/write.py tq_warps): 4; 2, 6 and 8
-// build for A/B sweeps (KVKIT_WRITE_TQ_WARPS): more warps share one fill of the shared tables
-// and its CTA barrier, the launcher scales the minimum CTAs to the same warps per SM.
+// TQ_WARPS (warps per CTA, a launch define from kvkit/cuda/write.py tq_warps): 4 keeps CTAs
+// small so a handful of tokens still spreads over many SMs; 2, 6 and 8 build for A/B sweeps
+// (KVKIT_WRITE_TQ_WARPS; the launcher scales the minimum CTAs to the same warps per SM), and
+// none measured faster on the H200 (6 level, 2 and 8 slower: the write is issue-bound).
 #ifndef TQ_WARPS
 #error "write_turboquant.cu needs TQ_WARPS (warps per CTA) from the launcher"
 #endif

@@ -197,8 +197,10 @@ def tq_min_ctas(
     words) and D > 128 (up to 32 floats per lane and row) spill under any cap that raises
     occupancy (seen on sm_86 and sm_120a).
     ``KVKIT_WRITE_TQ_MIN_CTAS`` (1..32) sets both for tuning sweeps (ptxas caps the
-    registers to fit; check the build for spills). ``variant``: tq_variant(fmt), when the
-    caller has it."""
+    registers to fit; check the build for spills). The measured caps are for TQ_WARPS warps a
+    CTA; with ``KVKIT_WRITE_TQ_WARPS`` (tq_warps) they are scaled to the same warps per SM,
+    rounded down so the register cap per thread does not fall. ``variant``: tq_variant(fmt),
+    when the caller has it."""
     override = _env_int("KVKIT_WRITE_TQ_MIN_CTAS", range(1, 33))
     if override is not None:
         return override, override
@@ -206,16 +208,13 @@ def tq_min_ctas(
         return 1, 1
     if fmt.key_kind == "fp8":
         sm90 = _TQ_MIN_CTAS_FP8K_SM90_F16 if in_dtype == "1" else _TQ_MIN_CTAS_FP8K
-        return _per_warps(_TQ_MIN_CTAS_FP8K), _per_warps(sm90)
-    variant = tq_variant(fmt) if variant is None else variant
-    sm90 = _TQ_MIN_CTAS_MSE_SM90 if variant >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
-    return _per_warps(_TQ_MIN_CTAS_MSE), _per_warps(sm90)
-
-
-def _per_warps(ctas: int) -> int:
-    """A CTA cap measured at TQ_WARPS warps per CTA, for tq_warps() warps: the same warps per
-    SM (rounded down, so the register cap per thread does not fall), at least 1."""
-    return max(1, ctas * TQ_WARPS // tq_warps())
+        others = _TQ_MIN_CTAS_FP8K
+    else:
+        variant = tq_variant(fmt) if variant is None else variant
+        sm90 = _TQ_MIN_CTAS_MSE_SM90 if variant >= 5 else _TQ_MIN_CTAS_MSE_SM90_BEFORE_V5
+        others = _TQ_MIN_CTAS_MSE
+    warps = tq_warps()
+    return tuple(max(1, c * TQ_WARPS // warps) for c in (others, sm90))
 
 
 def _env_int(name: str, allowed) -> int | None:
