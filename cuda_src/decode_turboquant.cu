@@ -182,8 +182,18 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 // None at D >= 128 for FP8 keys (k8v4's warp slabs, KVKIT_DECODE_TQ_SLABS=1 for A/B runs:
 // 12.5 KB stages) or without the packed mma columns (KVKIT_DECODE_TQ_VARIANT=0: larger query
 // buffers): four stages would not leave four CTAs per SM there.
+// -DKVKIT_DECODE_TQ_PAIRS8 (kvkit/cuda/decode.py; A/B runs): 1 gives the codebook presets tile
+// pairs up to 8 query rows at head_dim 128 as well, at three CTAs per SM there (the 168-register
+// cap of __launch_bounds__(128, 3), unless KVKIT_DECODE_MIN_BLOCKS says otherwise); 0 (the
+// default) the build before. Why: G = 8 costs TurboQuant +37% over G = 4 at (32, 4096) where
+// NVFP4 pays +6% (session 23), and the single-tile loop is what those launches run.
 #if KV_HEAD_DIM >= 128 && (TQ_KEY_FP8 || !KV_MMA_PACK_OK)
 #define KV_TILE_PAIRS_ROWS 0
+#elif defined(KVKIT_DECODE_TQ_PAIRS8) && KVKIT_DECODE_TQ_PAIRS8 && KV_HEAD_DIM == 128
+#define KV_TILE_PAIRS_ROWS 8
+#if KV_GROUP * KV_Q_LEN > 4 && KV_GROUP * KV_Q_LEN <= 8 && !defined(KVKIT_DECODE_MIN_BLOCKS)
+#define KVKIT_DECODE_MIN_BLOCKS 3
+#endif
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif

@@ -443,6 +443,10 @@ _FAMILY_SWITCHES = (
     # (KV_TILE_PAIRS_MAX_D; 0 none, 1 the 3-bit-key presets, 2 4bit_nc too, the default).
     ("KVKIT_DECODE_TQ_TOKEN_ORDER", ("0", "1", "2"), ("turboquant",)),
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
+    # TurboQuant's codebook presets: tile pairs up to 8 query rows at head_dim 128 as well, at
+    # three CTAs per SM there (1), or up to 4 (0, the default) (decode_turboquant.cu
+    # KVKIT_DECODE_TQ_PAIRS8).
+    ("KVKIT_DECODE_TQ_PAIRS8", ("0", "1"), ("turboquant",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);
     # unset, the family's default: 1, but 0 for turboquant_3bit_nc at head_dim 256 under

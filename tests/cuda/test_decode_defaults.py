@@ -85,6 +85,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                                "KVKIT_DECODE_TQ_SLABS", "KVKIT_DECODE_TQ_SLABS64",
                                "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
                                "KVKIT_DECODE_TQ_TOKEN_ORDER", "KVKIT_DECODE_TQ_PAIRS256",
+                               "KVKIT_DECODE_TQ_PAIRS8",
                                "KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_TQ_ISSUE",
                                "KVKIT_DECODE_TQ3_256", "KVKIT_DECODE_K3V4",
                                "KVKIT_DECODE_TQ3_BANKS", "KVKIT_DECODE_TQ4_ORDER64",

@@ -495,21 +495,24 @@ def assert_builds_agree(
 
 
 def assert_bad_pages_agree(
-    name, block_size, seed, monkeypatch, var: str, new: str = "1", old: str = "0"
-):
-    """Four sequences (G = 4, D = 128) whose block tables hold bad entries (one past the
-    cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the first tile of the warp
-    pipes' second page window and a bad page for warp 3 of tile 40) under ``var=new`` (1
-    unless a switch has other values) and ``var=old`` (0): at 1, 3 and MAX_SPLITS splits the same
-    flag (bit 2 set) and the same outputs, bit for bit (single-tile loops on both sides:
-    _TILE_LOOP_SWITCHES); for KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation
-    (bad pages are masked per tile of a pair)."""
+    name, block_size, seed, monkeypatch, var: str, new: str = "1", old: str = "0", group: int = 4
+):  # fmt: skip
+    """Four sequences (G = ``group``, 4 unless given; D = 128) whose block tables hold bad
+    entries (one past the cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the
+    first tile of the warp pipes' second page window and a bad page for warp 3 of tile 40)
+    under ``var=new`` (1 unless a switch has other values) and ``var=old`` (0): at 1, 3 and
+    MAX_SPLITS splits the same flag (bit 2 set) and the same outputs, bit for bit
+    (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for KVKIT_DECODE_TILE_PAIRS
+    itself within float32 reassociation (bad pages are masked per tile of a pair)."""
     # KVKIT_DECODE_NV_PACK (NVFP4's packed mma columns at 1: float32 rounding only): pairs
     # on, within float32 reassociation.
     # KVKIT_DECODE_CP_ASYNC_V2=3 (the cp.async path's pair loop, float32 rounding apart from
     # 2): pairs on, within float32 reassociation.
+    # KVKIT_DECODE_TQ_PAIRS8 (TurboQuant's pairs up to 8 rows at D = 128): pairs on, within
+    # float32 reassociation (0 runs those rows one tile at a time).
     cp_pairs = var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3"
-    pairs = var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK") or cp_pairs
+    pairs = (var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8")
+             or cp_pairs)  # fmt: skip
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
@@ -518,7 +521,7 @@ def assert_bad_pages_agree(
     # softmax): the same.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
                         "KVKIT_DECODE_TQ17")  # fmt: skip
-    if var == "KVKIT_DECODE_NV_PACK" or cp_pairs:
+    if var in ("KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8") or cp_pairs:
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
@@ -527,7 +530,7 @@ def assert_bad_pages_agree(
         # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
         # give NVFP4's short splits the single-tile build, kvkit/cuda/split_builds.py).
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pair_addr else "0")
-    case = Case(name, head_dim=128, hkv=2, group=4, q_len=1, block_size=block_size,
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
                 seed=seed)  # fmt: skip
     bt = case.block_tables.copy()
@@ -1363,6 +1366,47 @@ def test_tq_pair_addr_flags_bad_pages_as_before(cp, name, block_size, monkeypatc
 
 
 # (Its float64 check: test_tq_pair_switches_match_float64_at_every_split_count.)
+
+
+# --- TurboQuant's tile pairs up to 8 rows at head_dim 128 (KVKIT_DECODE_TQ_PAIRS8=1; A/B) -------
+# 1 gives 5-8 query rows the pair loop at three CTAs per SM; 0 (the default) runs them one
+# tile at a time: float32 reassociation apart (one softmax step and one accumulator add per
+# pair), so within SPLIT_INVARIANCE_RTOL of each other and DECODE_GPU_RTOL of float64.
+TQ_PAIRS8_CASES = [("turboquant_4bit_nc", 8, 1), ("turboquant_4bit_nc", 4, 2),
+                   ("turboquant_3bit_nc", 8, 1), ("turboquant_3bit_nc", 2, 4),
+                   ("turboquant_k3v4_nc", 8, 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, group, q_len", TQ_PAIRS8_CASES)
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
+def test_tq_pairs8_match_the_single_tile_build(cp, name, group, q_len, block_size, window,
+                                               monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_TQ_PAIRS8=1 against 0 at 5-8 query rows: the tile-pair tests' lengths,
+    70 tiles in one split (page-window refills, an odd last tile), pages below, at and above
+    the tile, a window, causal q_len > 1; 1 and 3 splits."""
+    case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_tq_pairs8_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at G = 8) under KVKIT_DECODE_TQ_PAIRS8=1
+    and 0: the same flag, outputs within float32 reassociation."""
+    assert_bad_pages_agree(name, block_size, block_size + 9, monkeypatch,
+                           "KVKIT_DECODE_TQ_PAIRS8", group=8)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["turboquant_4bit_nc", "turboquant_k3v4_nc"])
+def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
+    """Token-major (strided) planes at 8 rows under 1 and 0: the single-tile loop either way
+    (no slabs), the same bits."""
+    case = Case(name, head_dim=128, hkv=2, group=8, q_len=1, block_size=32,
+                seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=11)  # fmt: skip
+    store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
 
 
 # --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_PAIR_TRIMS)
