@@ -175,24 +175,34 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #endif
 #endif
 #define KV_MMA_PACK_OK (KVKIT_DECODE_TQ_VARIANT >= 1)
-// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, decode_core.cuh) up to 4 query rows at head_dim 128:
-// there four stages (9.5 KB each at 4 bits) beside the key table and 5-8 rows' query buffers
-// are 59-64 KB per CTA (sm_90 PTX), three CTAs per SM instead of four; 4 rows take 51-55 KB.
+// Tile pairs (KVKIT_DECODE_TILE_PAIRS=1, decode_core.cuh) up to 8 query rows at head_dim 128
+// (KVKIT_DECODE_TQ_PAIRS8 below; 4 before it): four stages (9.5 KB each at 4 bits) beside the
+// key table and 5-8 rows' query buffers are 59-64 KB per CTA (sm_90 PTX), three CTAs per SM
+// instead of four; 4 rows take 51-55 KB.
 // Below 128 the single-tile build has four stages already (pairs cost no shared memory).
 // None at D >= 128 for FP8 keys (k8v4's warp slabs, KVKIT_DECODE_TQ_SLABS=1 for A/B runs:
 // 12.5 KB stages) or without the packed mma columns (KVKIT_DECODE_TQ_VARIANT=0: larger query
 // buffers): four stages would not leave four CTAs per SM there.
-// -DKVKIT_DECODE_TQ_PAIRS8 (kvkit/cuda/decode.py; A/B runs): 1 gives the codebook presets tile
-// pairs up to 8 query rows at head_dim 128 as well, at three CTAs per SM there (the 168-register
-// cap of __launch_bounds__(128, 3), unless KVKIT_DECODE_MIN_BLOCKS says otherwise); 0 (the
-// default) the build before. Why: G = 8 costs TurboQuant +37% over G = 4 at (32, 4096) where
-// NVFP4 pays +6% (session 23), and the single-tile loop is what those launches run.
+// -DKVKIT_DECODE_TQ_PAIRS8 (kvkit/cuda/decode.py; A/B runs; default 1): 1 gives the codebook
+// presets tile pairs up to 8 query rows at head_dim 128 as well, at three CTAs per SM where the
+// pairs run with 5-8 rows (KV_PAIRS_MIN_BLOCKS, decode_core.cuh: the 168-register cap of
+// __launch_bounds__(128, 3); 158-168 registers, no spills on sm_90 / sm_100a, 59-64 KB a CTA);
+// 0 the build before (single tiles above 4 rows, four CTAs per SM). Why: G = 8 cost TurboQuant
+// +37% over G = 4 at (32, 4096) where NVFP4 paid +6%, those launches running the single-tile
+// loop. Measured on the H200 (session 23, call 4; graph ms at G = 8 (Hq 64, Hkv 8), 0 -> 1, two
+// runs each): 4bit_nc (32, 4096) 0.0893 / 0.0890 -> 0.0861 / 0.0873, (8, 8192) 0.0513 / 0.0510
+// -> 0.0446 / 0.0454, (64, 8192) 0.3159 / 0.3171 -> 0.3067 / 0.3016, (1, 32768) 0.0314 / 0.0314
+// -> 0.0297 / 0.0294; 3bit_nc and k3v4_nc -3 to -13% likewise. Three CTAs per SM without the
+// pairs (KVKIT_DECODE_MIN_BLOCKS=3) measured level with four (-0.3 to -1%).
+#ifndef KVKIT_DECODE_TQ_PAIRS8
+#define KVKIT_DECODE_TQ_PAIRS8 1
+#endif
 #if KV_HEAD_DIM >= 128 && (TQ_KEY_FP8 || !KV_MMA_PACK_OK)
 #define KV_TILE_PAIRS_ROWS 0
-#elif defined(KVKIT_DECODE_TQ_PAIRS8) && KVKIT_DECODE_TQ_PAIRS8 && KV_HEAD_DIM == 128
+#elif KVKIT_DECODE_TQ_PAIRS8 && KV_HEAD_DIM == 128
 #define KV_TILE_PAIRS_ROWS 8
-#if KV_GROUP * KV_Q_LEN > 4 && KV_GROUP * KV_Q_LEN <= 8 && !defined(KVKIT_DECODE_MIN_BLOCKS)
-#define KVKIT_DECODE_MIN_BLOCKS 3
+#if KV_GROUP * KV_Q_LEN > 4 && KV_GROUP * KV_Q_LEN <= 8
+#define KV_PAIRS_MIN_BLOCKS 3
 #endif
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)

@@ -115,6 +115,13 @@
 #if defined(KVKIT_DECODE_MIN_BLOCKS)
 // The launcher's override (KVKIT_DECODE_MIN_BLOCKS, kvkit/cuda/decode.py; A/B runs).
 #define KVD_MIN_BLOCKS KVKIT_DECODE_MIN_BLOCKS
+#elif KVD_USE_MMA && defined(KV_PAIRS_MIN_BLOCKS)
+// A family's CTAs per SM for launches that run its tile pairs (KVD_TILE_PAIRS below; this
+// macro is read in C++ expressions only, after it): TurboQuant's codebook presets at 5-8 rows,
+// head_dim 128 (decode_turboquant.cu KVKIT_DECODE_TQ_PAIRS8). Other launches of the build
+// (targets without pairs) keep the core's count.
+#define KVD_MIN_BLOCKS \
+    (KVD_TILE_PAIRS ? KV_PAIRS_MIN_BLOCKS : ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2))
 #elif KVD_USE_MMA
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2)
 #else

@@ -444,8 +444,8 @@ _FAMILY_SWITCHES = (
     ("KVKIT_DECODE_TQ_TOKEN_ORDER", ("0", "1", "2"), ("turboquant",)),
     ("KVKIT_DECODE_TQ_PAIRS256", ("0", "1", "2"), ("turboquant",)),
     # TurboQuant's codebook presets: tile pairs up to 8 query rows at head_dim 128 as well, at
-    # three CTAs per SM there (1), or up to 4 (0, the default) (decode_turboquant.cu
-    # KVKIT_DECODE_TQ_PAIRS8).
+    # three CTAs per SM there (1, the default), or up to 4 (0, the build before)
+    # (decode_turboquant.cu KVKIT_DECODE_TQ_PAIRS8).
     ("KVKIT_DECODE_TQ_PAIRS8", ("0", "1"), ("turboquant",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);

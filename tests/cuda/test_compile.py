@@ -235,8 +235,9 @@ def test_no_kernel_spills(arch):
 
 
 # The tensor-core decode stage 1 (decode_mma.cuh) is capped at 128 registers for R <= 8 rows
-# at D <= 128 (four CTAs per SM), at 255 otherwise (D = 256 takes R <= 8 only); a spill there
-# costs local-memory traffic in the hottest loop.
+# at D <= 128 (four CTAs per SM; TurboQuant's codebook presets' tile pairs at 5-8 rows and D =
+# 128: 168, three CTAs per SM, KVKIT_DECODE_TQ_PAIRS8), at 255 otherwise (D = 256 takes R <= 8
+# only); a spill there costs local-memory traffic in the hottest loop.
 _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
                  "nvfp4": "decode_nvfp4.cu", "turboquant": "decode_turboquant.cu"}  # fmt: skip
 
@@ -262,11 +263,11 @@ def test_tensor_core_decode_does_not_spill(arch):
     # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
     # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows);
     # "-pairs0": the warp pipes' tile loop one tile at a time (KVKIT_DECODE_TILE_PAIRS=0, for
-    # A/B runs; the default takes two on sm_90 up to 8 query rows (TurboQuant 4) at head_dim
-    # <= 128, so the default nvfp4 and turboquant_4bit_nc builds are also built at G x q_len =
-    # 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows, and, for the tile-pair loop's per-lane
-    # row offsets (KVKIT_DECODE_PAIR_ADDR, default 1), at 4 x 2 and 16 x 1 at head_dim 128 and
-    # 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0,
+    # A/B runs; the default takes two on sm_90 up to 8 query rows at head_dim <= 128,
+    # TurboQuant at 5-8 with three CTAs per SM, so the default nvfp4 and turboquant_4bit_nc
+    # builds are also built at G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows,
+    # and, for the tile-pair loop's per-lane row offsets (KVKIT_DECODE_PAIR_ADDR, default 1),
+    # at 4 x 2 and 16 x 1 at head_dim 128 and 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0,
     # for A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
     # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue0": the same without
     # TurboQuant's trims (KVKIT_DECODE_TQ_ISSUE=0, A/B runs; default 1); "-nvpack0": NVFP4
@@ -289,7 +290,9 @@ def test_tensor_core_decode_does_not_spill(arch):
     # also at 8 x 1, 2 x 4 and 16 x 1 there; "-tq3o640": 3bit_nc at head_dim 64 with its
     # tokens in order (KVKIT_DECODE_TQ3_ORDER64=0, A/B runs; the default 1 takes a bank-friendly
     # order, the tile pairs' second key run from a held word), both at head_dim 64 at 4 x 1,
-    # 8 x 1 (127 registers on sm_90 with the order), 2 x 2 and 16 x 1.
+    # 8 x 1 (127 registers on sm_90 with the order), 2 x 2 and 16 x 1; "-tqp80": 4bit_nc at 8
+    # x 1, head_dim 128, one tile at a time at four CTAs per SM (KVKIT_DECODE_TQ_PAIRS8=0, A/B
+    # runs; the default 1 takes the tile pairs at three: 158-168 registers on sm_90).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -319,6 +322,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tq3banks0": ("KVKIT_DECODE_TQ3_BANKS", "0"),
         "tq4o640": ("KVKIT_DECODE_TQ4_ORDER64", "0"),
         "tq3o640": ("KVKIT_DECODE_TQ3_ORDER64", "0"),
+        "tqp80": ("KVKIT_DECODE_TQ_PAIRS8", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -335,7 +339,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_4bit_nc-tqpv16_0", "nvfp4-nocap", "turboquant_4bit_nc-nocap",
                  "turboquant_3bit_nc-nocap", "fp16-nocap",
                  "turboquant_3bit_nc-tq3banks0", "turboquant_4bit_nc-tq4o640",
-                 "turboquant_3bit_nc-tq3o640"):  # fmt: skip
+                 "turboquant_3bit_nc-tq3o640", "turboquant_4bit_nc-tqp80"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
@@ -348,6 +352,8 @@ def test_tensor_core_decode_does_not_spill(arch):
             shapes += ((8, 1, 64, "0"), (2, 2, 64, "1"), (16, 1, 64, "1"))
         if switch == "tq3o640":  # (the other head_dims' builds are the default's)
             shapes = tuple(x for x in shapes if x[2] == 64)
+        if switch == "tqp80":  # (only 5-8 rows at head_dim 128 differ from the default)
+            shapes = ((8, 1, 128, "1"),)
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),
                        (8, 1, 64, "0"))  # fmt: skip

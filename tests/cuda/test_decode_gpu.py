@@ -1368,10 +1368,11 @@ def test_tq_pair_addr_flags_bad_pages_as_before(cp, name, block_size, monkeypatc
 # (Its float64 check: test_tq_pair_switches_match_float64_at_every_split_count.)
 
 
-# --- TurboQuant's tile pairs up to 8 rows at head_dim 128 (KVKIT_DECODE_TQ_PAIRS8=1; A/B) -------
-# 1 gives 5-8 query rows the pair loop at three CTAs per SM; 0 (the default) runs them one
-# tile at a time: float32 reassociation apart (one softmax step and one accumulator add per
-# pair), so within SPLIT_INVARIANCE_RTOL of each other and DECODE_GPU_RTOL of float64.
+# --- TurboQuant's tile pairs up to 8 rows at head_dim 128 (KVKIT_DECODE_TQ_PAIRS8) -------------
+# 1 (the default) gives 5-8 query rows the pair loop at three CTAs per SM; 0 (the build
+# before) runs them one tile at a time: float32 reassociation apart (one softmax step and one
+# accumulator add per pair), so within SPLIT_INVARIANCE_RTOL of each other and DECODE_GPU_RTOL
+# of float64.
 TQ_PAIRS8_CASES = [("turboquant_4bit_nc", 8, 1), ("turboquant_4bit_nc", 4, 2),
                    ("turboquant_3bit_nc", 8, 1), ("turboquant_3bit_nc", 2, 4),
                    ("turboquant_k3v4_nc", 8, 1)]  # fmt: skip
@@ -1691,9 +1692,9 @@ def test_tile_pairs_match_the_single_tile_build(cp, name, group, q_len, block_si
     """KVKIT_DECODE_TILE_PAIRS=1 against 0: odd and even tile counts per split (1 and 3
     splits), a single (partial or full) tile, ragged ends (warps of the last tile without a
     page), pages below, at and above the 64-token tile, a window, causal q_len > 1 (the masks
-    per tile of a pair), 1-8 query rows (TurboQuant pairs only up to 4 at head_dim 128:
-    KV_TILE_PAIRS_ROWS; above, both values build the same code), and 21 tiles (odd, the last
-    partial: ten pairs and the single-tile tail) in one split."""
+    per tile of a pair), 1-8 query rows (TurboQuant's 5-8 at three CTAs per SM:
+    KVKIT_DECODE_TQ_PAIRS8), and 21 tiles (odd, the last partial: ten pairs and the
+    single-tile tail) in one split."""
     case = Case(name, head_dim=128, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[*PAIR_LENS, 5 * block_size + 9, 20 * 64 + 37], window=window,
                 seed=block_size + 3 * group + q_len)  # fmt: skip
@@ -1818,8 +1819,10 @@ def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
     token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
-    stages), 16 query rows, NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 128
-    and 256 (KV_TILE_PAIRS_ROWS: no pair build)."""
+    stages), 16 query rows, NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 256,
+    and at 128 in the build before KVKIT_DECODE_TQ_PAIRS8 (=0, pinned here: KV_TILE_PAIRS_ROWS
+    4, no pair build)."""
+    monkeypatch.setenv("KVKIT_DECODE_TQ_PAIRS8", "0")
     block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
