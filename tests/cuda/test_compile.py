@@ -267,8 +267,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # TurboQuant at 5-8 with three CTAs per SM, so the default nvfp4 and turboquant_4bit_nc
     # builds are also built at G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows,
     # and, for the tile-pair loop's per-lane row offsets (KVKIT_DECODE_PAIR_ADDR, default 1),
-    # at 4 x 2 and 16 x 1 at head_dim 128 and 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0,
-    # for A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
+    # at 4 x 2 and 16 x 1 at head_dim 128 and 8 x 1 at 64); "-pairaddr0": that loop's
+    # addresses as before (KVKIT_DECODE_PAIR_ADDR=0, for A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
     # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue0": the same without
     # TurboQuant's trims (KVKIT_DECODE_TQ_ISSUE=0, A/B runs; default 1); "-nvpack0": NVFP4
     # without its packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs;
