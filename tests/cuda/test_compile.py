@@ -245,54 +245,53 @@ _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_decode_does_not_spill(arch):
     cases, jobs = [], []
-    # "nvfp4-unpack0": NVFP4 with the pair-by-pair E2M1 unpacking (KVKIT_DECODE_NVFP4_UNPACK=0,
-    # kept for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
+    # "nvfp4-unpack0": NVFP4 with the pair-by-pair E2M1 unpacking (KVKIT_DECODE_NVFP4_UNPACK=0, kept
+    # for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "nvfp4-rev0":
-    # session 10's NVFP4 tile (KVKIT_DECODE_NVFP4_REV=0; the default is nvdec2's); "-runs": the
-    # row runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by
-    # default, fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
+    # session 10's NVFP4 tile (KVKIT_DECODE_NVFP4_REV=0; the default is nvdec2's); "-runs": the row
+    # runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by default,
+    # fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
     # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs); "-nantile0": the software-FP8 path's exact
-    # E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free
-    # tiles without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA
-    # barrier per tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines);
-    # "-tqslab0" / "-tqslab1": TurboQuant's page-run / warp-slab copies on sm_90+
-    # (KVKIT_DECODE_TQ_SLABS; the default takes slabs for codebook keys, page runs for k8v4);
-    # "-tq64cpasync": TurboQuant's cp.async copies below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=0;
-    # the default takes warp slabs there); "nvfp4-rows8": NVFP4's warp slabs for one row tile
-    # only (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two); "nvfp4-slabs64" /
-    # "nvfp4-cp64": NVFP4 at head_dim 64 with warp slabs and gapped value rows / cp.async
+    # E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free tiles
+    # without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA barrier per
+    # tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines); "-tqslab0" /
+    # "-tqslab1": TurboQuant's page-run / warp-slab copies on sm_90+ (KVKIT_DECODE_TQ_SLABS; the
+    # default takes slabs for codebook keys, page runs for k8v4); "-tq64cpasync": TurboQuant's
+    # cp.async copies below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=0; the default takes warp slabs
+    # there); "nvfp4-rows8": NVFP4's warp slabs for one row tile only
+    # (KVKIT_DECODE_NVFP4_SLAB_ROWS=8; the default takes two); "nvfp4-slabs64" / "nvfp4-cp64": NVFP4
+    # at head_dim 64 with warp slabs and gapped value rows / cp.async
     # (KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 / 0; the default takes warp slabs, unpadded rows);
-    # "-pairs0": the warp pipes' tile loop one tile at a time (KVKIT_DECODE_TILE_PAIRS=0, for
-    # A/B runs; the default takes two on sm_90 up to 8 query rows at head_dim <= 128,
-    # TurboQuant at 5-8 with three CTAs per SM, so the default nvfp4 and turboquant_4bit_nc
-    # builds are also built at G x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows,
-    # and, for the tile-pair loop's per-lane row offsets (KVKIT_DECODE_PAIR_ADDR, default 1),
-    # at 4 x 2 and 16 x 1 at head_dim 128 and 8 x 1 at 64); "-pairaddr0": that loop's
-    # addresses as before (KVKIT_DECODE_PAIR_ADDR=0, for A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
-    # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue0": the same without
-    # TurboQuant's trims (KVKIT_DECODE_TQ_ISSUE=0, A/B runs; default 1); "-nvpack0": NVFP4
-    # without its packed mma columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs;
-    # default 1 from head_dim 128, 2 below); "-cpv2" / "-cpv20": NVFP4's cp.async tile loop
-    # with the page ring per warp / the CTA barrier (KVKIT_DECODE_CP_ASYNC_V2=1 / 0, A/B runs;
-    # sm_80 / sm_89 only, the sm_90 build is the default's); "-cpv2r": the page windows
-    # without the tile-pair loop of NVFP4's default 3 (KVKIT_DECODE_CP_ASYNC_V2=2, the
-    # launcher's fallback where the pairs' CTAs fit fewer times on an SM; the other families'
-    # default but fp8's); "-tq17": TurboQuant's codebook presets with word-aligned value
-    # loads, held key-run alignment and the unguarded softmax (KVKIT_DECODE_TQ17=1, A/B runs;
-    # default 0); "-tqpv16": TurboQuant's codebook presets with the PV on fp16 mma
-    # and "-tqpv16_0" the bf16 PV before it (KVKIT_DECODE_TQ_PV16=1, the default, and =0, A/B
-    # runs); "-nocap": the build a decode without a soft-cap runs (KV_SOFTCAP=0: the tanh
-    # left out of the loops; the entries without it are the soft-cap builds); "-tq3banks0":
-    # 3bit_nc at head_dim 128 with its tokens in order (KVKIT_DECODE_TQ3_BANKS=0, A/B runs; the
-    # default 1 takes a bank-friendly order), also at G x q_len = 16 x 1 (the single-tile loop)
-    # and 2 x 4; "-tq4o640": 4bit_nc at head_dim 64 with its tokens in order
-    # (KVKIT_DECODE_TQ4_ORDER64=0, A/B runs; the default 1 takes a bank-friendly order), both
-    # also at 8 x 1, 2 x 4 and 16 x 1 there; "-tq3o640": 3bit_nc at head_dim 64 with its
-    # tokens in order (KVKIT_DECODE_TQ3_ORDER64=0, A/B runs; the default 1 takes a bank-friendly
-    # order, the tile pairs' second key run from a held word), both at head_dim 64 at 4 x 1,
-    # 8 x 1 (127 registers on sm_90 with the order), 2 x 2 and 16 x 1; "-tqp80": 4bit_nc at 8
-    # x 1, head_dim 128, one tile at a time at four CTAs per SM (KVKIT_DECODE_TQ_PAIRS8=0, A/B
-    # runs; the default 1 takes the tile pairs at three: 158-168 registers on sm_90).
+    # "-pairs0": the warp pipes' tile loop one tile at a time (KVKIT_DECODE_TILE_PAIRS=0, for A/B
+    # runs; the default takes two on sm_90 up to 8 query rows at head_dim <= 128, TurboQuant at 5-8
+    # with three CTAs per SM, so the default nvfp4 and turboquant_4bit_nc builds are also built at G
+    # x q_len = 8 x 1 and 2 x 4, NVFP4's pair builds at 8 rows, and, for the tile-pair loop's
+    # per-lane row offsets (KVKIT_DECODE_PAIR_ADDR, default 1), at 4 x 2 and 16 x 1 at head_dim 128
+    # and 8 x 1 at 64); "-pairaddr0": that loop's addresses as before (KVKIT_DECODE_PAIR_ADDR=0, for
+    # A/B runs); "-nvissue0": NVFP4's pair loop without the issue and row trims
+    # (KVKIT_DECODE_NV_ISSUE=0, A/B runs; default 1); "-tqissue0": the same without TurboQuant's
+    # trims (KVKIT_DECODE_TQ_ISSUE=0, A/B runs; default 1); "-nvpack0": NVFP4 without its packed mma
+    # columns and unguarded softmax (KVKIT_DECODE_NV_PACK=0, A/B runs; default 1 from head_dim 128,
+    # 2 below); "-cpv2" / "-cpv20": NVFP4's cp.async tile loop with the page ring per warp / the CTA
+    # barrier (KVKIT_DECODE_CP_ASYNC_V2=1 / 0, A/B runs; sm_80 / sm_89 only, the sm_90 build is the
+    # default's); "-cpv2r": the page windows without the tile-pair loop of NVFP4's default 3
+    # (KVKIT_DECODE_CP_ASYNC_V2=2, the launcher's fallback where the pairs' CTAs fit fewer times on
+    # an SM; the other families' default but fp8's); "-tq17": TurboQuant's codebook presets with
+    # word-aligned value loads, held key-run alignment and the unguarded softmax
+    # (KVKIT_DECODE_TQ17=1, A/B runs; default 0); "-tqpv16": TurboQuant's codebook presets with the
+    # PV on fp16 mma and "-tqpv16_0" the bf16 PV before it (KVKIT_DECODE_TQ_PV16=1, the default, and
+    # =0, A/B runs); "-nocap": the build a decode without a soft-cap runs (KV_SOFTCAP=0: the tanh
+    # left out of the loops; the entries without it are the soft-cap builds); "-tq3banks0": 3bit_nc
+    # at head_dim 128 with its tokens in order (KVKIT_DECODE_TQ3_BANKS=0, A/B runs; the default 1
+    # takes a bank-friendly order), also at G x q_len = 16 x 1 (the single-tile loop) and 2 x 4;
+    # "-tq4o640": 4bit_nc at head_dim 64 with its tokens in order (KVKIT_DECODE_TQ4_ORDER64=0, A/B
+    # runs; the default 1 takes a bank-friendly order), both also at 8 x 1, 2 x 4 and 16 x 1 there;
+    # "-tq3o640": 3bit_nc at head_dim 64 with its tokens in order (KVKIT_DECODE_TQ3_ORDER64=0, A/B
+    # runs; the default 1 takes a bank-friendly order, the tile pairs' second key run from a held
+    # word), both at head_dim 64 at 4 x 1, 8 x 1 (127 registers on sm_90 with the order), 2 x 2 and
+    # 16 x 1; "-tqp80": 4bit_nc at 8 x 1, head_dim 128, one tile at a time at four CTAs per SM
+    # (KVKIT_DECODE_TQ_PAIRS8=0, A/B runs; the default 1 takes the tile pairs at three: 158-168
+    # registers on sm_90).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
