@@ -34,7 +34,8 @@ import numpy as np
 from . import formats
 
 BLOCK_SIZE = 16
-#: The issue's shape set: (B, T) at Hq=32, Hkv=8, D=128, plus head dims 64/256 and GQA 16.
+#: The issue's shape set: (B, T) at Hq=32, Hkv=8, D=128, plus head dims 64/256 and GQA 16
+#: (and GQA 8, the group of many served models, beside them: ``shape_set``).
 MAIN = [(1, 32768), (8, 8192), (32, 4096), (64, 8192), (1, 131072)]
 #: Token-heads per write measurement (4M, the write target's size).
 WRITE_TOKEN_HEADS = 4 * 2**20
@@ -74,6 +75,7 @@ STEPS = [(1, 4096), (8, 4096)]
 def shape_set(quick: bool = False) -> list[Shape]:
     shapes = [Shape(b, t) for b, t in MAIN]
     shapes += [Shape(32, 4096, D=64), Shape(32, 4096, D=256), Shape(32, 4096, Hq=128)]
+    shapes += [Shape(32, 4096, Hq=64)]  # GQA 8
     shapes += [Shape(b, t) for b, t in STEPS]
     return [Shape(8, 8192), Shape(64, 8192)] if quick else shapes
 
