@@ -4,7 +4,8 @@ Run under ``compute-sanitizer --tool memcheck``: any out-of-bounds access is rep
 The script itself checks that the kernels flagged the bad indices and that validate=True
 raises the CPU path's error. Exit code 0 when every expectation held.
 
-    python scripts/sanitize_targets.py [HEAD_DIM]    (default 128; e.g. 256, 64)
+    python scripts/sanitize_targets.py [HEAD_DIM [GROUP]]    (default 128 and 4; e.g. 256, 64;
+                                                             GROUP: query heads per KV head)
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from kvkit.testing.synthetic import llm_like_kv, llm_like_queries
 
 def main() -> int:
     failures = []
-    hkv, hq, bs, nb = 2, 8, 16, 6
+    hkv, bs, nb = 2, 16, 6
     d = int(sys.argv[1]) if len(sys.argv) > 1 else 128
+    hq = hkv * (int(sys.argv[2]) if len(sys.argv) > 2 else 4)
     for name in formats.names():
         layer = kvkit.PagedKVCache(formats.get(name, d), 1, hkv, nb, bs, backend="cuda").layer(0)
         k, v = llm_like_kv(40, hkv, d, seed=1)
