@@ -268,6 +268,14 @@
 #ifndef KV_TILE_PAIRS_ROWS
 #define KV_TILE_PAIRS_ROWS 8
 #endif
+// -DKVKIT_DECODE_PAIRS16 (kvkit/cuda/decode.py; A/B runs): 1 takes the warp pipes' tile pairs
+// up to 16 query rows (two row tiles, at two CTAs per SM as their single tiles: the 255-register
+// cap) in the launches of a family whose pairs reach 8 rows; 0 (the default) up to 8.
+#if defined(KVKIT_DECODE_PAIRS16) && KVKIT_DECODE_PAIRS16 && KV_TILE_PAIRS_ROWS == 8
+#define KVD_PIPE_PAIRS_ROWS 16
+#else
+#define KVD_PIPE_PAIRS_ROWS KV_TILE_PAIRS_ROWS
+#endif
 // KV_TILE_PAIRS_MAX_D (a family's choice, default 128): the largest head_dim with pairs. At
 // D = 256 (one row tile, two CTAs per SM at <= 255 registers) four stages fit in shared memory
 // beside the rest; decode_mma.cuh checks that KVD_MIN_BLOCKS CTAs still fit an SM.
@@ -294,7 +302,7 @@
 // pushed it over and the assert failed. Up to 8 at D = 64 (38,768 bytes at 8 x 1, fp32).
 #define KVD_CP_PAIRS_ROWS (KV_HEAD_DIM > 64 && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
 #define KVD_TILE_PAIRS                                                                      \
-    (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KV_TILE_PAIRS_ROWS) ||                        \
+    (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KVD_PIPE_PAIRS_ROWS) ||                       \
       (KVD_CP_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KVD_CP_PAIRS_ROWS)) &&                       \
      KVD_TILE_PAIRS_ON && KV_HEAD_DIM <= KV_TILE_PAIRS_MAX_D && KVKIT_ARCH < 1200)
 // The pair loop on the cp.async path (no bulk copies: group waits, padded staging rows).

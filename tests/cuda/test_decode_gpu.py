@@ -511,8 +511,9 @@ def assert_bad_pages_agree(
     # KVKIT_DECODE_TQ_PAIRS8 (TurboQuant's pairs up to 8 rows at D = 128): pairs on, within
     # float32 reassociation (0 runs those rows one tile at a time).
     cp_pairs = var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3"
-    pairs = (var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8")
-             or cp_pairs)  # fmt: skip
+    # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows): the same.
+    pairs = (var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
+                     "KVKIT_DECODE_PAIRS16") or cp_pairs)  # fmt: skip
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
@@ -521,7 +522,8 @@ def assert_bad_pages_agree(
     # softmax): the same.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
                         "KVKIT_DECODE_TQ17")  # fmt: skip
-    if var in ("KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8") or cp_pairs:
+    if cp_pairs or var in ("KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
+                           "KVKIT_DECODE_PAIRS16"):  # fmt: skip
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
@@ -1408,6 +1410,37 @@ def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
                 seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=11)  # fmt: skip
     store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
+
+
+# --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16=1, decode_core.cuh; A/B builds) -----------
+# Two row tiles in the pair loop, at the two CTAs per SM of their single-tile build: against the
+# single-tile loop (0) within float32 reassociation, each within DECODE_GPU_RTOL of float64.
+PAIRS16_CASES = [("nvfp4", 128, 16, 1), ("nvfp4", 128, 4, 4), ("nvfp4", 64, 16, 1),
+                 ("turboquant_4bit_nc", 128, 16, 1), ("turboquant_4bit_nc", 128, 12, 1),
+                 ("turboquant_3bit_nc", 128, 8, 2), ("turboquant_k3v4_nc", 128, 16, 1),
+                 ("turboquant_4bit_nc", 64, 16, 1)]  # fmt: skip
+
+
+@pytest.mark.parametrize("name, head_dim, group, q_len", PAIRS16_CASES)
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
+def test_pairs16_match_the_single_tile_build(cp, name, head_dim, group, q_len, block_size,
+                                             window, monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_PAIRS16=1 against 0 at 9-16 query rows: the tile-pair tests' lengths, 70
+    tiles in one split (page-window refills, an odd last tile), pages below, at and above the
+    tile, a window, causal q_len > 1; 1 and 3 splits."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + head_dim)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_PAIRS16", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc"])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_pairs16_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at G = 16) under KVKIT_DECODE_PAIRS16=1
+    and 0: the same flag, outputs within float32 reassociation."""
+    assert_bad_pages_agree(name, block_size, block_size + 13, monkeypatch,
+                           "KVKIT_DECODE_PAIRS16", group=16)  # fmt: skip
 
 
 # --- the pair loop's issue and mask trims (KVKIT_DECODE_NV_ISSUE, decode_core.cuh KVD_PAIR_TRIMS)
