@@ -446,6 +446,8 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // (KV_NV_PACK 1: the A/B builds 0 / 2 build 3 as 2).
 #define KV_CP_PAIRS_OK (KV_HEAD_DIM <= 64 || KV_NV_PACK == 1)
 #define KV_CP_ASYNC_V2_DEFAULT 3
+// Tile pairs up to 16 query rows on the warp pipes (decode_core.cuh KVKIT_DECODE_PAIRS16).
+#define KV_PAIRS16_OK 1
 
 #include "common/decode_core.cuh"
 

@@ -207,6 +207,9 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif
+// Tile pairs up to 16 query rows on the warp pipes (decode_core.cuh KVKIT_DECODE_PAIRS16): the
+// codebook presets (measured there); FP8 keys (k8v4 at head_dim 64) keep 8.
+#define KV_PAIRS16_OK (!TQ_KEY_FP8)
 // -DKVKIT_DECODE_TQ_PAIRS256 (kvkit/cuda/decode.py; A/B runs): tile pairs at head_dim 256
 // too (decode_core.cuh KV_TILE_PAIRS_MAX_D), up to 4 query rows as at 128. 0: none at 256, the
 // build before; 1: the 3-bit-key presets (3bit_nc, k3v4_nc); 2 (the default): 4bit_nc too. At

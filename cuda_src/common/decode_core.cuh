@@ -268,10 +268,24 @@
 #ifndef KV_TILE_PAIRS_ROWS
 #define KV_TILE_PAIRS_ROWS 8
 #endif
-// -DKVKIT_DECODE_PAIRS16 (kvkit/cuda/decode.py; A/B runs): 1 takes the warp pipes' tile pairs
-// up to 16 query rows (two row tiles, at two CTAs per SM as their single tiles: the 255-register
-// cap) in the launches of a family whose pairs reach 8 rows; 0 (the default) up to 8.
-#if defined(KVKIT_DECODE_PAIRS16) && KVKIT_DECODE_PAIRS16 && KV_TILE_PAIRS_ROWS == 8
+// -DKVKIT_DECODE_PAIRS16 (kvkit/cuda/decode.py; A/B runs; default 1 where a family opts in,
+// KV_PAIRS16_OK: NVFP4 and TurboQuant's codebook presets): 1 takes the warp pipes' tile pairs
+// up to 16 query rows (two row tiles, at the two CTAs per SM of their single tiles: the
+// 255-register cap; 238-254 registers on sm_90 / sm_100a at head_dim 128, 153-200 at 64, no
+// spills) in the launches of a family whose pairs reach 8 rows; 0 up to 8 (the build before).
+// Measured on the H200 (session 23, call 5; graph ms at G = 16 (Hq 128, Hkv 8), 0 -> 1, two
+// runs each): (32, 4096) NVFP4 0.0952 / 0.0953 -> 0.0728 / 0.0727, 4bit_nc 0.1370 / 0.1370 ->
+// 0.1038 / 0.1034, 3bit_nc and k3v4_nc -23 to -25%; (8, 8192) -17 to -22%; (64, 8192) -19 to
+// -25%; (1, 32768) -13 to -18%; head_dim 64 (32, 4096) NVFP4 -15%, TurboQuant -29 to -31%.
+#ifndef KV_PAIRS16_OK
+#define KV_PAIRS16_OK 0
+#endif
+#if defined(KVKIT_DECODE_PAIRS16)
+#define KVD_PAIRS16_ON KVKIT_DECODE_PAIRS16
+#else
+#define KVD_PAIRS16_ON KV_PAIRS16_OK
+#endif
+#if KVD_PAIRS16_ON && KV_TILE_PAIRS_ROWS == 8
 #define KVD_PIPE_PAIRS_ROWS 16
 #else
 #define KVD_PIPE_PAIRS_ROWS KV_TILE_PAIRS_ROWS

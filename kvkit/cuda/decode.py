@@ -447,8 +447,8 @@ _FAMILY_SWITCHES = (
     # three CTAs per SM there (1, the default), or up to 4 (0, the build before)
     # (decode_turboquant.cu KVKIT_DECODE_TQ_PAIRS8).
     ("KVKIT_DECODE_TQ_PAIRS8", ("0", "1"), ("turboquant",)),
-    # The warp pipes' tile pairs up to 16 query rows (1), or up to 8 (0, the default)
-    # (decode_core.cuh KVKIT_DECODE_PAIRS16).
+    # The warp pipes' tile pairs up to 16 query rows (1, the default for NVFP4 and TurboQuant's
+    # codebook presets), or up to 8 (0, the build before) (decode_core.cuh KVKIT_DECODE_PAIRS16).
     ("KVKIT_DECODE_PAIRS16", ("0", "1"), ("nvfp4", "turboquant")),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);

@@ -1412,9 +1412,10 @@ def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
 
 
-# --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16=1, decode_core.cuh; A/B builds) -----------
+# --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
 # Two row tiles in the pair loop, at the two CTAs per SM of their single-tile build: against the
-# single-tile loop (0) within float32 reassociation, each within DECODE_GPU_RTOL of float64.
+# single-tile loop (0, the build before) within float32 reassociation, each within
+# DECODE_GPU_RTOL of float64.
 PAIRS16_CASES = [("nvfp4", 128, 16, 1), ("nvfp4", 128, 4, 4), ("nvfp4", 64, 16, 1),
                  ("turboquant_4bit_nc", 128, 16, 1), ("turboquant_4bit_nc", 128, 12, 1),
                  ("turboquant_3bit_nc", 128, 8, 2), ("turboquant_k3v4_nc", 128, 16, 1),
@@ -1852,10 +1853,11 @@ def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
     token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
-    stages), 16 query rows, NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 256,
-    and at 128 in the build before KVKIT_DECODE_TQ_PAIRS8 (=0, pinned here: KV_TILE_PAIRS_ROWS
-    4, no pair build)."""
+    stages), NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 256; 16 query rows
+    and TurboQuant's 5-8 at 128 in the builds before KVKIT_DECODE_PAIRS16 and
+    KVKIT_DECODE_TQ_PAIRS8 (both 0, pinned here: no pair build there)."""
     monkeypatch.setenv("KVKIT_DECODE_TQ_PAIRS8", "0")
+    monkeypatch.setenv("KVKIT_DECODE_PAIRS16", "0")
     block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
