@@ -448,6 +448,11 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_CP_ASYNC_V2_DEFAULT 3
 // Tile pairs up to 16 query rows on the warp pipes (decode_core.cuh KVKIT_DECODE_PAIRS16).
 #define KV_PAIRS16_OK 1
+// The cp.async path's pairs at head_dim 256 too where that path runs on sm_90
+// (KVKIT_DECODE_CP_ON_BULK=1, decode_core.cuh; A/B runs).
+#if defined(KVKIT_DECODE_CP_ON_BULK) && KVKIT_DECODE_CP_ON_BULK
+#define KV_TILE_PAIRS_MAX_D 256
+#endif
 
 #include "common/decode_core.cuh"
 

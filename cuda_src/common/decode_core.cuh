@@ -203,6 +203,15 @@
 // (1, 131072) 0.0783 -> 0.0720; 4bit_nc (64, 8192) 0.3238 -> 0.3015, D = 64 0.0651 -> 0.0625;
 // k8v4 (64, 8192) 0.2795 -> 0.2618; 1 (the page ring per warp) was slower than 0. A family may
 // set its own (KV_CP_ASYNC_V2_DEFAULT before this file: fp8 keeps 0, NVFP4 takes 3).
+// -DKVKIT_DECODE_CP_ON_BULK=1 (kvkit/cuda/decode.py; A/B runs): the warp-local cp.async loop
+// below (and its page windows and pairs) also on bulk-copy targets, for builds whose family
+// copies no tile by the copy engine there (KVD_BULK 0: NVFP4 at head_dim 256, which otherwise
+// runs the CTA-barrier loop on sm_90); 0 (the default) as before.
+#if defined(KVKIT_DECODE_CP_ON_BULK) && KVKIT_DECODE_CP_ON_BULK
+#define KVD_CP_ON_BULK (!KVD_BULK)
+#else
+#define KVD_CP_ON_BULK 0
+#endif
 #if defined(KVKIT_DECODE_CP_ASYNC_V2)
 #define KVD_CP_WARP_PIPE_ON KVKIT_DECODE_CP_ASYNC_V2
 #elif defined(KV_CP_ASYNC_V2_DEFAULT)
@@ -220,7 +229,7 @@
 #define KVD_V_REGS 0
 #endif
 #define KVD_CP_WARP_PIPE                                                                       \
-    (KVD_CP_WARP_PIPE_ON && !KVKIT_BULK_COPY && KVD_USE_MMA &&                                  \
+    (KVD_CP_WARP_PIPE_ON && (!KVKIT_BULK_COPY || KVD_CP_ON_BULK) && KVD_USE_MMA &&             \
      (KVD_CP_WARP_PIPE_ON == 1 || KVD_V_REGS))
 // KVKIT_DECODE_CP_ASYNC_V2=2: that, and no page ring in `slabs` launches (local, pages of a
 // power of two >= 16 tokens: warp w's 16 tokens of a tile lie in one page): the warp pipes'

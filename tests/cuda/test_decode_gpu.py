@@ -495,15 +495,17 @@ def assert_builds_agree(
 
 
 def assert_bad_pages_agree(
-    name, block_size, seed, monkeypatch, var: str, new: str = "1", old: str = "0", group: int = 4
+    name, block_size, seed, monkeypatch, var: str, new: str = "1", old: str = "0", group: int = 4,
+    head_dim: int = 128,
 ):  # fmt: skip
-    """Four sequences (G = ``group``, 4 unless given; D = 128) whose block tables hold bad
-    entries (one past the cache, -1, a huge entry; in sequence 3, 72 tiles long, -1 at the
-    first tile of the warp pipes' second page window and a bad page for warp 3 of tile 40)
-    under ``var=new`` (1 unless a switch has other values) and ``var=old`` (0): at 1, 3 and
-    MAX_SPLITS splits the same flag (bit 2 set) and the same outputs, bit for bit
-    (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for KVKIT_DECODE_TILE_PAIRS
-    itself within float32 reassociation (bad pages are masked per tile of a pair)."""
+    """Four sequences (G = ``group``, 4 unless given; D = ``head_dim``, 128 unless given)
+    whose block tables hold bad entries (one past the cache, -1, a huge entry; in sequence 3,
+    72 tiles long, -1 at the first tile of the warp pipes' second page window and a bad page
+    for warp 3 of tile 40) under ``var=new`` (1 unless a switch has other values) and
+    ``var=old`` (0): at 1, 3 and MAX_SPLITS splits the same flag (bit 2 set) and the same
+    outputs, bit for bit (single-tile loops on both sides: _TILE_LOOP_SWITCHES); for
+    KVKIT_DECODE_TILE_PAIRS itself within float32 reassociation (bad pages are masked per
+    tile of a pair)."""
     # KVKIT_DECODE_NV_PACK (NVFP4's packed mma columns at 1: float32 rounding only): pairs
     # on, within float32 reassociation.
     # KVKIT_DECODE_CP_ASYNC_V2=3 (the cp.async path's pair loop, float32 rounding apart from
@@ -511,9 +513,10 @@ def assert_bad_pages_agree(
     # KVKIT_DECODE_TQ_PAIRS8 (TurboQuant's pairs up to 8 rows at D = 128): pairs on, within
     # float32 reassociation (0 runs those rows one tile at a time).
     cp_pairs = var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3"
-    # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows): the same.
+    # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows) and KVKIT_DECODE_CP_ON_BULK (NVFP4's cp.async
+    # pairs at head_dim 256 on sm_90+): the same.
     pairs = (var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
-                     "KVKIT_DECODE_PAIRS16") or cp_pairs)  # fmt: skip
+                     "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK") or cp_pairs)  # fmt: skip
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
@@ -523,7 +526,7 @@ def assert_bad_pages_agree(
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
                         "KVKIT_DECODE_TQ17")  # fmt: skip
     if cp_pairs or var in ("KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
-                           "KVKIT_DECODE_PAIRS16"):  # fmt: skip
+                           "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK"):  # fmt: skip
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
@@ -532,7 +535,7 @@ def assert_bad_pages_agree(
         # Pairs pinned on for KVKIT_DECODE_PAIR_ADDR at every split count (the launcher would
         # give NVFP4's short splits the single-tile build, kvkit/cuda/split_builds.py).
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1" if pair_addr else "0")
-    case = Case(name, head_dim=128, hkv=2, group=group, q_len=1, block_size=block_size,
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=block_size,
                 seq_lens=[6 * block_size + 5, 4 * block_size, 40, 72 * 64 - 5],
                 seed=seed)  # fmt: skip
     bt = case.block_tables.copy()
@@ -1410,6 +1413,41 @@ def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
                 seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=11)  # fmt: skip
     store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
+
+
+# --- NVFP4 at head_dim 256 on the warp-local cp.async loop (KVKIT_DECODE_CP_ON_BULK; A/B) -----
+# 1 runs NVFP4's head_dim-256 launches on sm_90+ (no copy-engine tiles there) through the
+# warp-local cp.async loop with its page windows and, up to 4 query rows, its tile pairs; 0
+# the CTA-barrier loop: float32 reassociation apart (the pairs' softmax steps). On targets
+# without bulk copies both values build the same code.
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1), (1, 1)])
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
+def test_nvfp4_256_cp_on_bulk_matches_the_barrier_loop(cp, group, q_len, block_size, window,
+                                                       monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_CP_ON_BULK=1 against 0 at head_dim 256: the tile-pair tests' lengths, 70
+    tiles in one split (page-window refills, an odd last tile), pages below, at and above the
+    tile, a window, causal q_len > 1; 1 and 3 splits."""
+    case = Case("nvfp4", head_dim=256, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + 256)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_nvfp4_256_cp_on_bulk_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at head_dim 256) under
+    KVKIT_DECODE_CP_ON_BULK=1 and 0: the same flag, outputs within float32 reassociation."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 17, monkeypatch,
+                           "KVKIT_DECODE_CP_ON_BULK", head_dim=256)  # fmt: skip
+
+
+def test_nvfp4_256_cp_on_bulk_token_major_planes(cp, monkeypatch):
+    """Token-major (strided) planes at head_dim 256 under 1 and 0 (the CTA-barrier loop inside
+    either build): bit for bit."""
+    case = Case("nvfp4", head_dim=256, hkv=2, group=4, q_len=1, block_size=32,
+                seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=19)  # fmt: skip
+    store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0")
 
 
 # --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
