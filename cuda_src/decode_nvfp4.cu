@@ -448,9 +448,22 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 #define KV_CP_ASYNC_V2_DEFAULT 3
 // Tile pairs up to 16 query rows on the warp pipes (decode_core.cuh KVKIT_DECODE_PAIRS16).
 #define KV_PAIRS16_OK 1
-// The cp.async path's pairs at head_dim 256 too where that path runs on sm_90
-// (KVKIT_DECODE_CP_ON_BULK=1, decode_core.cuh; A/B runs).
-#if defined(KVKIT_DECODE_CP_ON_BULK) && KVKIT_DECODE_CP_ON_BULK
+// -DKVKIT_DECODE_CP_ON_BULK (kvkit/cuda/decode.py; A/B runs): 1 runs the launches this file
+// copies by cp.async on bulk-copy targets (head_dim 256 and the others but 64 / 128) through
+// the warp-local cp.async loop with its page windows and, up to 4 query rows, its tile pairs
+// (decode_core.cuh KV_CP_ON_BULK; pairs to head_dim 256); 0 the CTA-barrier loop, the build
+// before. Default: 1 at head_dim 256 on sm_90 / sm_100 (measured), 0 elsewhere. Measured on the
+// H200 (session 23, call 8; graph ms at D = 256, 0 -> 1, two runs each): (32, 4096) 0.1189 /
+// 0.1192 -> 0.0956 / 0.0959, (8, 8192) 0.0622 / 0.0626 -> 0.0551 / 0.0549, (64, 8192) 0.4578 /
+// 0.4645 -> 0.4160 / 0.4201, (1, 32768) 0.0372 / 0.0378 -> 0.0344 / 0.0347, G = 8 (16, 4096)
+// 0.0705 / 0.0705 -> 0.0670 / 0.0668. Another float32 order (the pairs' softmax steps; the
+// single-tile loop of non-slab launches too): not bit for bit with 0.
+#if defined(KVKIT_DECODE_CP_ON_BULK)
+#define KV_CP_ON_BULK KVKIT_DECODE_CP_ON_BULK
+#else
+#define KV_CP_ON_BULK (KV_HEAD_DIM == 256 && KVKIT_BULK_COPY && KVKIT_ARCH < 1200)
+#endif
+#if KV_CP_ON_BULK
 #define KV_TILE_PAIRS_MAX_D 256
 #endif
 

@@ -203,11 +203,11 @@
 // (1, 131072) 0.0783 -> 0.0720; 4bit_nc (64, 8192) 0.3238 -> 0.3015, D = 64 0.0651 -> 0.0625;
 // k8v4 (64, 8192) 0.2795 -> 0.2618; 1 (the page ring per warp) was slower than 0. A family may
 // set its own (KV_CP_ASYNC_V2_DEFAULT before this file: fp8 keeps 0, NVFP4 takes 3).
-// -DKVKIT_DECODE_CP_ON_BULK=1 (kvkit/cuda/decode.py; A/B runs): the warp-local cp.async loop
-// below (and its page windows and pairs) also on bulk-copy targets, for builds whose family
-// copies no tile by the copy engine there (KVD_BULK 0: NVFP4 at head_dim 256, which otherwise
-// runs the CTA-barrier loop on sm_90); 0 (the default) as before.
-#if defined(KVKIT_DECODE_CP_ON_BULK) && KVKIT_DECODE_CP_ON_BULK
+// KV_CP_ON_BULK (a family's choice; NVFP4's from KVKIT_DECODE_CP_ON_BULK, decode_nvfp4.cu): the
+// warp-local cp.async loop below (and its page windows and pairs) also on bulk-copy targets,
+// for builds that copy no tile by the copy engine there (KVD_BULK 0: NVFP4 at head_dim 256,
+// which ran the CTA-barrier loop on sm_90); else (0) as before.
+#if defined(KV_CP_ON_BULK) && KV_CP_ON_BULK
 #define KVD_CP_ON_BULK (!KVD_BULK)
 #else
 #define KVD_CP_ON_BULK 0

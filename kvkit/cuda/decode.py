@@ -450,8 +450,9 @@ _FAMILY_SWITCHES = (
     # The warp pipes' tile pairs up to 16 query rows (1, the default for NVFP4 and TurboQuant's
     # codebook presets), or up to 8 (0, the build before) (decode_core.cuh KVKIT_DECODE_PAIRS16).
     ("KVKIT_DECODE_PAIRS16", ("0", "1"), ("nvfp4", "turboquant")),
-    # NVFP4 at head_dim 256 on sm_90+: the warp-local cp.async loop and its tile pairs (1), or
-    # the CTA-barrier loop (0, the default) (decode_core.cuh KVKIT_DECODE_CP_ON_BULK).
+    # NVFP4's cp.async launches on sm_90+: the warp-local cp.async loop and its tile pairs (1;
+    # the default at head_dim 256 on sm_90 / sm_100), or the CTA-barrier loop (0, the build
+    # before) (decode_nvfp4.cu KVKIT_DECODE_CP_ON_BULK).
     ("KVKIT_DECODE_CP_ON_BULK", ("0", "1"), ("nvfp4",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);

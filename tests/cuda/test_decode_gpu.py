@@ -1415,11 +1415,11 @@ def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
 
 
-# --- NVFP4 at head_dim 256 on the warp-local cp.async loop (KVKIT_DECODE_CP_ON_BULK; A/B) -----
-# 1 runs NVFP4's head_dim-256 launches on sm_90+ (no copy-engine tiles there) through the
-# warp-local cp.async loop with its page windows and, up to 4 query rows, its tile pairs; 0
-# the CTA-barrier loop: float32 reassociation apart (the pairs' softmax steps). On targets
-# without bulk copies both values build the same code.
+# --- NVFP4 at head_dim 256 on the warp-local cp.async loop (KVKIT_DECODE_CP_ON_BULK) ----------
+# 1 (the default at head_dim 256 on sm_90 / sm_100) runs NVFP4's head_dim-256 launches on
+# sm_90+ (no copy-engine tiles there) through the warp-local cp.async loop with its page
+# windows and, up to 4 query rows, its tile pairs; 0 the CTA-barrier loop: float32
+# reassociation apart. On targets without bulk copies both values build the same code.
 @pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1), (1, 1)])
 @pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
 def test_nvfp4_256_cp_on_bulk_matches_the_barrier_loop(cp, group, q_len, block_size, window,
@@ -1442,12 +1442,13 @@ def test_nvfp4_256_cp_on_bulk_flags_bad_pages_as_before(cp, block_size, monkeypa
 
 
 def test_nvfp4_256_cp_on_bulk_token_major_planes(cp, monkeypatch):
-    """Token-major (strided) planes at head_dim 256 under 1 and 0 (the CTA-barrier loop inside
-    either build): bit for bit."""
+    """Token-major (strided) planes at head_dim 256 under 1 and 0: the single-tile loop of
+    either build, the same flags, within float32 reassociation (the H200 showed 1-ulp
+    differences in o, lse equal: the two builds' single-tile loops are not the same code)."""
     case = Case("nvfp4", head_dim=256, hkv=2, group=4, q_len=1, block_size=32,
                 seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=19)  # fmt: skip
     store_token_major(cp, case)
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0")
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0", exact="none")
 
 
 # --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
@@ -1891,11 +1892,12 @@ def test_tile_pairs_leave_other_launches_alone(cp, name, head_dim, group, q_len,
                                                monkeypatch):  # fmt: skip
     """Where pairs do not apply the arithmetic is the single-tile loop's, bit for bit:
     token-major pages (not slabs: the single-tile loop inside a pair build, with its 4
-    stages), NVFP4 at head_dim 256 and TurboQuant above 4 rows at head_dim 256; 16 query rows
-    and TurboQuant's 5-8 at 128 in the builds before KVKIT_DECODE_PAIRS16 and
-    KVKIT_DECODE_TQ_PAIRS8 (both 0, pinned here: no pair build there)."""
+    stages), TurboQuant above 4 rows at head_dim 256; 16 query rows, TurboQuant's 5-8 at 128
+    and NVFP4 at 256 in the builds before KVKIT_DECODE_PAIRS16, KVKIT_DECODE_TQ_PAIRS8 and
+    KVKIT_DECODE_CP_ON_BULK (all 0, pinned here: no pair build there)."""
     monkeypatch.setenv("KVKIT_DECODE_TQ_PAIRS8", "0")
     monkeypatch.setenv("KVKIT_DECODE_PAIRS16", "0")
+    monkeypatch.setenv("KVKIT_DECODE_CP_ON_BULK", "0")
     block_size = int(pages[3:])
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 300, 37, 4, 130], window=None,
