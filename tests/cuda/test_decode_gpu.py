@@ -2607,8 +2607,10 @@ def test_cp_async_pairs_query_rows(cp, name, group, q_len, window, monkeypatch):
 def test_cp_async_pairs_leave_other_launches_alone(cp, head_dim, group, token_major,
                                                    monkeypatch):  # fmt: skip
     """Where =3 has no pairs, bit for bit with =2: 8 query rows at head_dim 128 and head_dim
-    256 (no pair code: =2's PTX), and token-major pages (strided planes: no slabs, so the pair
-    build's single-tile loop, with its four stages)."""
+    256 (no pair code: =2's PTX; on sm_90 / sm_100 the head_dim-256 pairs come with
+    KVKIT_DECODE_CP_ON_BULK, pinned to 0 here), and token-major pages (strided planes: no
+    slabs, so the pair build's single-tile loop, with its four stages)."""
+    monkeypatch.setenv("KVKIT_DECODE_CP_ON_BULK", "0")
     case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=1, block_size=16,
                 seq_lens=CP_PAIR_LENS, seed=80 + head_dim + group)  # fmt: skip
     if token_major:
