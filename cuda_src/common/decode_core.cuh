@@ -112,6 +112,8 @@
 #ifndef KV_SOFTCAP
 #define KV_SOFTCAP 1
 #endif
+// The tensor-core core's CTAs per SM: four with one row tile up to head_dim 128, else two.
+#define KVD_MMA_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2)
 #if defined(KVKIT_DECODE_MIN_BLOCKS)
 // The launcher's override (KVKIT_DECODE_MIN_BLOCKS, kvkit/cuda/decode.py; A/B runs).
 #define KVD_MIN_BLOCKS KVKIT_DECODE_MIN_BLOCKS
@@ -120,10 +122,9 @@
 // macro is read in C++ expressions only, after it): TurboQuant's codebook presets at 5-8 rows,
 // head_dim 128 (decode_turboquant.cu KVKIT_DECODE_TQ_PAIRS8). Other launches of the build
 // (targets without pairs) keep the core's count.
-#define KVD_MIN_BLOCKS \
-    (KVD_TILE_PAIRS ? KV_PAIRS_MIN_BLOCKS : ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2))
+#define KVD_MIN_BLOCKS (KVD_TILE_PAIRS ? KV_PAIRS_MIN_BLOCKS : KVD_MMA_MIN_BLOCKS)
 #elif KVD_USE_MMA
-#define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN) <= 8 && KV_HEAD_DIM <= 128 ? 4 : 2)
+#define KVD_MIN_BLOCKS KVD_MMA_MIN_BLOCKS
 #else
 #define KVD_MIN_BLOCKS ((KV_GROUP * KV_Q_LEN * KV_HEAD_DIM) <= 2048 ? 2 : 1)
 #endif
