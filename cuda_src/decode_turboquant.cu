@@ -201,9 +201,10 @@ __device__ __forceinline__ float4 kv_family_v4(const unsigned char* const* rows,
 #define KV_TILE_PAIRS_ROWS 0
 #elif KVKIT_DECODE_TQ_PAIRS8 && KV_HEAD_DIM == 128
 #define KV_TILE_PAIRS_ROWS 8
-#if KV_GROUP * KV_Q_LEN > 4 && KV_GROUP * KV_Q_LEN <= 8
-#define KV_PAIRS_MIN_BLOCKS 3
-#endif
+// (An expression, read where KVD_MIN_BLOCKS is: KV_GROUP / KV_Q_LEN may take decode_core.cuh's
+// defaults, which come after this line.) Rows above 8 keep the core's two (their pairs:
+// KVKIT_DECODE_PAIRS16), up to 4 its four.
+#define KV_PAIRS_MIN_BLOCKS (KV_GROUP * KV_Q_LEN > 8 ? 2 : (KV_GROUP * KV_Q_LEN > 4 ? 3 : 4))
 #else
 #define KV_TILE_PAIRS_ROWS (KV_HEAD_DIM >= 128 ? 4 : 8)
 #endif
