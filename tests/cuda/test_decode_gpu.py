@@ -512,11 +512,12 @@ def assert_bad_pages_agree(
     # 2): pairs on, within float32 reassociation.
     # KVKIT_DECODE_TQ_PAIRS8 (TurboQuant's pairs up to 8 rows at D = 128): pairs on, within
     # float32 reassociation (0 runs those rows one tile at a time).
-    cp_pairs = var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3"
     # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows) and KVKIT_DECODE_CP_ON_BULK (NVFP4's cp.async
     # pairs at head_dim 256 on sm_90+): the same.
-    pairs = (var in ("KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
-                     "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK") or cp_pairs)  # fmt: skip
+    pairs_on = (var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3") or var in (
+        "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8", "KVKIT_DECODE_PAIRS16",
+        "KVKIT_DECODE_CP_ON_BULK")  # fmt: skip
+    pairs = pairs_on or var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
     # KVKIT_DECODE_NV_ISSUE / KVKIT_DECODE_TQ_ISSUE (the pair loop's issue and mask trims):
@@ -525,8 +526,7 @@ def assert_bad_pages_agree(
     # softmax): the same.
     pair_addr = var in ("KVKIT_DECODE_PAIR_ADDR", "KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE",
                         "KVKIT_DECODE_TQ17")  # fmt: skip
-    if cp_pairs or var in ("KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8",
-                           "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK"):  # fmt: skip
+    if pairs_on:
         monkeypatch.setenv("KVKIT_DECODE_TILE_PAIRS", "1")
     if var in ("KVKIT_DECODE_NV_ISSUE", "KVKIT_DECODE_TQ_ISSUE", "KVKIT_DECODE_TQ17"):
         monkeypatch.setenv("KVKIT_DECODE_PAIR_ADDR", "1")
