@@ -474,8 +474,35 @@ def markdown_tables(rows) -> str:
     return "\n".join(out) + "\n"
 
 
+def plot_points(rows) -> dict:
+    """What the plot draws, per decode shape (B, T, Hq, D) and format: ``ms`` the CUDA-graph
+    replay time where the rows have one (the time the issue's targets read), else the plain
+    call's; ``plain_ms`` the plain call's (None without a plain row); ``floor_ms`` bytes / the
+    same run's copy bandwidth; and per shape ``sdpa_ms`` / ``sdpa_plain_ms`` likewise."""
+    out: dict = {}
+    for r in rows:
+        if r["op"] != "decode":
+            continue
+        shape = out.setdefault((r["B"], r["T"], r["Hq"], r["D"]),
+                               {"formats": {}, "sdpa_ms": None, "sdpa_plain_ms": None})  # fmt: skip
+        pt = shape["formats"].setdefault(r["format"], {"ms": None, "plain_ms": None})
+        pt["floor_ms"] = r["bytes"] / (r["copy_TBps"] * 1e12) * 1e3
+        if r["graph"]:
+            pt["ms"] = r["kvkit_ms"]
+            shape["sdpa_ms"] = shape["sdpa_ms"] or r["sdpa_fp16_ms"]
+        else:
+            pt["plain_ms"] = r["kvkit_ms"]
+            shape["sdpa_plain_ms"] = shape["sdpa_plain_ms"] or r["sdpa_fp16_ms"]
+    for shape in out.values():
+        for pt in shape["formats"].values():
+            pt["ms"] = pt["ms"] if pt["ms"] is not None else pt["plain_ms"]
+        shape["sdpa_ms"] = shape["sdpa_ms"] or shape["sdpa_plain_ms"]
+    return out
+
+
 def plot(rows, path: Path) -> bool:
-    """Decode time per format per shape (bars), the byte floor (ticks), SDPA fp16 (line)."""
+    """Decode time per format per shape: bars the CUDA-graph replay (plain calls where a row
+    has no graph time), hollow dots the plain calls, ticks the byte floor, lines SDPA fp16."""
     try:
         import matplotlib
 
@@ -483,31 +510,38 @@ def plot(rows, path: Path) -> bool:
         import matplotlib.pyplot as plt
     except Exception:
         return False
-    dec = [r for r in rows if r["op"] == "decode" and not r["graph"]]
-    shapes = list(dict.fromkeys((r["B"], r["T"], r["Hq"], r["D"]) for r in dec))
-    names = list(dict.fromkeys(r["format"] for r in dec))
+    points = plot_points(rows)
+    shapes = list(points)
+    names = list(dict.fromkeys(f for s in points.values() for f in s["formats"]))
     ncols = min(4, len(shapes))
     nrows = math.ceil(len(shapes) / ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 4.4 * nrows), squeeze=False)
     for ax in axes.flat[len(shapes) :]:
         ax.set_visible(False)
     for ax, (b, t, hq, d) in zip(axes.flat, shapes):
-        sel = {r["format"]: r for r in dec if (r["B"], r["T"], r["Hq"], r["D"]) == (b, t, hq, d)}
+        shape = points[(b, t, hq, d)]
         xs = np.arange(len(names))
-        ms = [sel[n]["kvkit_ms"] if n in sel else np.nan for n in names]
-        floor = [sel[n]["bytes"] / (sel[n]["copy_TBps"] * 1e12) * 1e3 if n in sel else np.nan
-                 for n in names]  # fmt: skip
-        ax.bar(xs, ms, color="tab:blue", label="kvkit decode")
-        ax.scatter(xs, floor, marker="_", s=300, color="black", label="bytes / copy bandwidth")
-        sd = next((r["sdpa_fp16_ms"] for r in sel.values() if r["sdpa_fp16_ms"]), None)
-        if sd:
-            ax.axhline(sd, color="tab:red", ls="--", label="torch SDPA fp16")
+
+        def col(key, shape=shape):
+            return [np.nan if n not in shape["formats"] or shape["formats"][n][key] is None
+                    else shape["formats"][n][key] for n in names]  # fmt: skip
+
+        ax.bar(xs, col("ms"), color="tab:blue", label="kvkit decode (graph replay)")
+        ax.scatter(xs, col("plain_ms"), marker="o", s=14, facecolors="none",
+                   edgecolors="tab:gray", label="kvkit decode (plain call)")  # fmt: skip
+        ax.scatter(xs, col("floor_ms"), marker="_", s=300, color="black",
+                   label="bytes / copy bandwidth")  # fmt: skip
+        if shape["sdpa_ms"]:
+            ax.axhline(shape["sdpa_ms"], color="tab:red", ls="--", label="torch SDPA fp16 (graph)")
+        if shape["sdpa_plain_ms"] and shape["sdpa_plain_ms"] != shape["sdpa_ms"]:
+            ax.axhline(shape["sdpa_plain_ms"], color="tab:red", ls=":", lw=0.8,
+                       label="torch SDPA fp16 (plain)")  # fmt: skip
         ax.set_yscale("log")
         ax.set_xticks(xs, names, rotation=75, fontsize=7)
         ax.set_title(f"B={b} T={t}" + ("" if (hq, d) == (32, 128) else f"\nHq={hq} D={d}"),
                      fontsize=9)  # fmt: skip
         ax.set_ylabel("ms (log)")
-    axes[0][0].legend(fontsize=7, loc="lower left")
+    axes[0][0].legend(fontsize=6, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -72,6 +72,24 @@ def test_table_and_plot_from_rows(tmp_path, capsys):
     assert (tmp_path / "b.png").stat().st_size > 1000
 
 
+def test_plot_draws_graph_times_where_rows_have_them(tmp_path):
+    base = dict(op="decode", B=1, T=4096, Hq=32, Hkv=8, D=128, bytes=4 * 10**8, copy_TBps=4.0)
+    rows = [
+        dict(base, format="nvfp4", kvkit_ms=0.25, sdpa_fp16_ms=0.05, effective_TBps=1.6,
+             graph=False),
+        dict(base, format="nvfp4", kvkit_ms=0.125, sdpa_fp16_ms=0.04, effective_TBps=3.2,
+             graph=True),
+        dict(base, format="fp8_e4m3", kvkit_ms=0.5, sdpa_fp16_ms=0.05, effective_TBps=0.8,
+             graph=False),
+    ]  # fmt: skip
+    shape = bench.plot_points(rows)[(1, 4096, 32, 128)]
+    # The bar is the graph replay (the targets' time); a format without one keeps its plain time.
+    assert shape["formats"]["nvfp4"] == {"ms": 0.125, "plain_ms": 0.25, "floor_ms": 0.1}
+    assert shape["formats"]["fp8_e4m3"] == {"ms": 0.5, "plain_ms": 0.5, "floor_ms": 0.1}
+    assert (shape["sdpa_ms"], shape["sdpa_plain_ms"]) == (0.04, 0.05)
+    assert bench.plot(rows, tmp_path / "g.png")
+
+
 def test_markdown_tables_pair_plain_and_graph_rows():
     base = dict(op="decode", format="nvfp4", B=1, T=4096, Hq=32, Hkv=8, D=64, bytes=10**6,
                 copy_TBps=4.0)  # fmt: skip
