@@ -219,14 +219,42 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
     *h0 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + c], sf);
     *h1 = kv_dc_nvfp4x2_f16x2(rows[0][8 * ks + 4 + c], sf);
 }
+// Register runs at head_dim 96 (KV_NVFP4_RUNS96; env KVKIT_DECODE_NV96, kvkit/cuda/decode.py;
+// A/B runs): 1 gives D = 96 the register keys and values of the other tensor-core head dims
+// (below), with the mma's K and M permuted so that every run lies in whole blocks or whole
+// halves of blocks (a natural run of 24 keys would straddle a block boundary at run element 8
+// or 16 depending on the lane, and 12 values at 4 or 8): key run c = block c (dims 16 c ..
+// 16 c + 15, code bytes 8 c ..) then half c % 2 of block 4 + c / 2 (dims 64 + 8 c .., bytes 32 +
+// 4 c ..); value run g = half g % 2 of block g / 2 (dims 8 g .., bytes 4 g ..) then quarter g % 4
+// of block 4 + g / 4 (dims 64 + 4 g .., bytes 32 + 2 g ..). The query rows and the output dims
+// follow (kv_mma_kdim, kv_mma_vdim): the same products, summed by the mma in another order
+// (float32 rounding only). With it, D = 96 also takes the packed mma columns (KV_NV_PACK 1,
+// below) and, on sm_90 / sm_100, the warp-local cp.async loop with its tile pairs
+// (KV_CP_ON_BULK, below). 0: the build before (keys by kv_mma_k4 per k-step, values through the
+// shared V tile, the CTA-barrier loop on sm_90), which ran D = 96 slower than the fp16 cache.
+// Measured on the H200 (session 24, call 3; graph ms, Hq 32, Hkv 8, D = 96, two runs each;
+// 0 / 1 alone / 1 with the packed columns and the warp-local loop, the default):
+//   (32, 4096) 0.1142 / 0.1144 -> 0.0690 / 0.0685 -> 0.0579 / 0.0573
+//   (8, 8192) 0.0617 / 0.0616 -> 0.0390 / 0.0386 -> 0.0338 / 0.0333
+//   (1, 32768) 0.0349 / 0.0351 -> 0.0236 / 0.0235 -> 0.0215 / 0.0211
+//   (64, 8192) 0.4274 / 0.4273 -> 0.2476 / 0.2475 -> 0.1999 / 0.1982
+//   (16, 4096) Hq 64 0.0636 / 0.0635 -> 0.0407 / 0.0405 -> 0.0401 / 0.0402
+// and through KVKIT_ARCH=sm_80 (0 / 1 / 1 with the packed columns): (32, 4096) 0.1306 / 0.0732
+// / 0.0637, (8, 8192) 0.0703 / 0.0415 / 0.0370, (1, 32768) 0.0396 / 0.0252 / 0.0234.
+#if defined(KVKIT_DECODE_NV96)
+#define KV_NVFP4_RUNS96 (KV_HEAD_DIM == 96 && KVKIT_DECODE_NV96)
+#else
+#define KV_NVFP4_RUNS96 (KV_HEAD_DIM == 96)
+#endif
 // Keys straight into registers (decode_mma.cuh KV_MMA_K_REGS) where a lane's run of KPL =
-// D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128, 256): its KPL / 2 code
-// bytes by aligned vector loads, its one, two or four scale bytes converted once per token
-// (two per e4m3x2 conversion, one scale word per pair of blocks) instead of once per k-step.
-// Run order: k-step ks takes code word ks / 2 and in it nibble pairs (2m, 2m + 4) and
+// D / 4 elements covers whole blocks or lies in one (D = 32, 64, 128, 256; 96 as above): its
+// KPL / 2 code bytes by aligned vector loads, its one, two or four scale bytes converted once
+// per token (two per e4m3x2 conversion, one scale word per pair of blocks) instead of once per
+// k-step. Run order: k-step ks takes code word ks / 2 and in it nibble pairs (2m, 2m + 4) and
 // (2m + 1, 2m + 5), m = ks % 2: each pair sits in bits 4i and 16 + 4i of the word, where one
 // shift-and-mask makes an fp16x2.
-#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
+#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256 || \
+    KV_NVFP4_RUNS96
 #define KV_MMA_K_REGS 1
 #define KV_NVFP4_KPL (KV_HEAD_DIM / 4)
 #define KV_NVFP4_KWORDS (KV_NVFP4_KPL / 8)
@@ -237,6 +265,24 @@ static_assert(KV_NVFP4_BLOCK == 16, "a run's blocks: 16 elements each");
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) {
     return 8 * (ks >> 1) + 2 * (ks & 1) + 4 * (j & 1) + (j >> 1);
 }
+#if KV_NVFP4_RUNS96
+// Run element e of lane c is dim kv_mma_kdim(c, e) (decode_mma.cuh KV_MMA_KDIM).
+#define KV_MMA_KDIM 1
+__device__ __forceinline__ int kv_mma_kdim(int c, int e) {
+    return e < 16 ? 16 * c + e : 64 + 8 * c + (e - 16);
+}
+__device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
+                                             unsigned* raw) {
+    // 48-byte code rows, 16-byte aligned in every staging mode; the 6-byte scale rows may be
+    // staged unpadded (a page's scales as one run), so byte loads there.
+    const uint2 w = *reinterpret_cast<const uint2*>(rows[0] + 8 * c);
+    raw[0] = w.x;
+    raw[1] = w.y;
+    raw[2] = *reinterpret_cast<const unsigned*>(rows[0] + 32 + 4 * c);
+    // Scale bytes c (words 0, 1: half 0) and 4 + c / 2 (word 2: half 1).
+    raw[3] = kv_dc_nvfp4_sf2_f16x2(rows[1][c], rows[1][4 + (c >> 1)]);
+}
+#else
 __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, int c,
                                              unsigned* raw) {
     // Data rows are 16-byte aligned (D / 2 is a multiple of 16 in every staging mode), so
@@ -260,12 +306,13 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
     raw[KV_NVFP4_KWORDS] = kv_dc_nvfp4_sf2_f16x2(s0, s0);
 #endif
 }
+#endif
 // Tile pairs' lane offsets (decode_core.cuh KVD_PAIR_ADDR): the byte offsets kv_mma_kload adds
 // to row pointers 0 (codes) and 1 (scales) for lane column c, the same expressions as there;
 // kv_mma_vlane below for kv_mma_vload. Not with row gaps (KV_P2_SGAP: the session-10 tile at
 // D = 128, KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 at D = 64), where the pair loop's row offsets
 // are not linear in the token.
-#if !defined(KV_P2_SGAP)
+#if !defined(KV_P2_SGAP) && !KV_NVFP4_RUNS96
 #define KV_MMA_LANE_OFFS 1
 #endif
 __device__ __forceinline__ int kv_mma_klane(int p, int c) {
@@ -326,7 +373,36 @@ __device__ __forceinline__ uint4 kv_mma_v8(const unsigned char* const* rows, int
 // dims share one block scale (D = 32, 64, 128) or are two whole blocks (D = 256): VPL / 2
 // code bytes (aligned to VPL / 2 in the 16-byte aligned data rows) and the scale byte(s)
 // (raw[KV_MMA_VRAW - 1]).
-#if KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
+#if KV_NVFP4_RUNS96
+// (KV_NVFP4_RUNS96 above) Lane group g's pairs j = 0..3 are dims 8 g + 2 j, + 1 (block g / 2),
+// j = 4, 5 dims 64 + 4 g + 2 (j - 4), + 1 (block 4 + g / 4): raw[0] the 4 code bytes at 4 g,
+// raw[1] the 2 at 32 + 2 g (low half), raw[2] the two scale bytes (bits 0..7 block g / 2,
+// 8..15 block 4 + g / 4).
+#define KV_MMA_V_REGS 1
+#define KV_MMA_VRAW 3
+#define KV_MMA_VDIM 1
+__device__ __forceinline__ int kv_mma_vdim(int g, int j) {
+    return j < 4 ? 8 * g + 2 * j : 64 + 4 * g + 2 * (j - 4);
+}
+__device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
+                                             unsigned* raw) {
+    raw[0] = *reinterpret_cast<const unsigned*>(rows[2] + 4 * g);
+    raw[1] = *reinterpret_cast<const unsigned short*>(rows[2] + 32 + 2 * g);
+    // (Scale rows possibly unpadded, 6 bytes apart: byte loads, one byte permute.)
+    raw[2] = __byte_perm(rows[3][g >> 1], rows[3][4 + (g >> 2)], 0x0040);
+}
+__device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
+                                             unsigned* w0, unsigned* w1) {
+    // Word j / 4 of both tokens, code bytes 2 q, 2 q + 1 (q = (j / 2) % 2; raw[1] has bytes 0
+    // and 1 only, j = 4, 5), as at D = 32..128; the scale byte of the pair's block.
+    const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], (j & 2) ? 0x7632 : 0x5410);
+    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(__byte_perm(ra[2], rb[2], j < 4 ? 0x0040 : 0x0051));
+    unsigned h[4];
+    kv_dc_e2m1x8_f16x2(e, h);
+    *w0 = kv_hmul2(h[2 * (j & 1)], sf);
+    *w1 = kv_hmul2(h[2 * (j & 1) + 1], sf);
+}
+#elif KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
 #define KV_MMA_VRAW (KV_HEAD_DIM == 256 ? 5 : 3)
 __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, int g,
@@ -417,13 +493,14 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 //      running max starts at -FLT_MAX): the same bits as 0 wherever a row's logits are not
 //      all NaN (a row whose visible logits are all NaN so far: NaN there, 0 weights before).
 // Static walk (scripts/sass_path.py, sm_90, D = 128, G = 4, per tile pair): 892 (0) -> 854 (1).
-// Default 1 from head_dim 128, 2 below. Measured on the H200 (session 16, call 4; graph ms,
+// Default 1 from head_dim 128 and at 96 (KV_NVFP4_RUNS96, measured there), 2 below. Measured
+// on the H200 (session 16, call 4; graph ms,
 // 0 / 0 -> 1 / 1): (64, 8192) 0.1963 / 0.1963 -> 0.1892 / 0.1911, D = 256 (32, 4096) 0.1240 /
 // 0.1245 -> 0.1221 / 0.1208, (1, 131072) and (8, 8192) within +-1%; but D = 64 (32, 4096)
 // 0.0391 / 0.0393 -> 0.0458 / 0.0461 (+17%; 2 there: 0.0387). The same at nvfp4_4over6.
 #if defined(KVKIT_DECODE_NV_PACK)
 #define KV_NV_PACK KVKIT_DECODE_NV_PACK
-#elif KV_HEAD_DIM >= 128
+#elif KV_HEAD_DIM >= 128 || KV_NVFP4_RUNS96
 #define KV_NV_PACK 1
 #else
 #define KV_NV_PACK 2
@@ -452,16 +529,22 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // copies by cp.async on bulk-copy targets (head_dim 256 and the others but 64 / 128) through
 // the warp-local cp.async loop with its page windows and, up to 4 query rows, its tile pairs
 // (decode_core.cuh KV_CP_ON_BULK; pairs to head_dim 256); 0 the CTA-barrier loop, the build
-// before. Default: 1 at head_dim 256 on sm_90 / sm_100 (measured), 0 elsewhere. Measured on the
-// H200 (session 23, call 8; graph ms at D = 256, 0 -> 1, two runs each): (32, 4096) 0.1189 /
-// 0.1192 -> 0.0956 / 0.0959, (8, 8192) 0.0622 / 0.0626 -> 0.0551 / 0.0549, (64, 8192) 0.4578 /
-// 0.4645 -> 0.4160 / 0.4201, (1, 32768) 0.0372 / 0.0378 -> 0.0344 / 0.0347, G = 8 (16, 4096)
-// 0.0705 / 0.0705 -> 0.0670 / 0.0668. Another float32 order (the pairs' softmax steps; the
-// single-tile loop of non-slab launches too): not bit for bit with 0.
+// before. Default: 1 at head_dim 256, 96 (with KV_NVFP4_RUNS96, above) and 32 on sm_90 /
+// sm_100 (measured), 0 elsewhere (other head dims build the same code either way but 64 / 128,
+// which have copy-engine tiles). Measured on the H200 (session 23, call 8; graph ms at D = 256,
+// 0 -> 1, two runs each): (32, 4096) 0.1189 / 0.1192 -> 0.0956 / 0.0959, (8, 8192) 0.0622 /
+// 0.0626 -> 0.0551 / 0.0549, (64, 8192) 0.4578 / 0.4645 -> 0.4160 / 0.4201, (1, 32768) 0.0372 /
+// 0.0378 -> 0.0344 / 0.0347, G = 8 (16, 4096) 0.0705 / 0.0705 -> 0.0670 / 0.0668. At D = 32
+// (session 24, call 3): (32, 4096) 0.0462 / 0.0463 -> 0.0377 / 0.0377, (8, 8192) 0.0252 / 0.0253
+// -> 0.0214 / 0.0213, (1, 32768) 0.0167 / 0.0167 -> 0.0141 / 0.0141, (64, 8192) 0.1688 / 0.1687
+// -> 0.1239 / 0.1240. Another float32 order (the pairs' softmax steps; the single-tile loop of
+// non-slab launches too): not bit for bit with 0.
 #if defined(KVKIT_DECODE_CP_ON_BULK)
 #define KV_CP_ON_BULK KVKIT_DECODE_CP_ON_BULK
 #else
-#define KV_CP_ON_BULK (KV_HEAD_DIM == 256 && KVKIT_BULK_COPY && KVKIT_ARCH < 1200)
+#define KV_CP_ON_BULK                                                                     \
+    ((KV_HEAD_DIM == 256 || KV_HEAD_DIM == 32 || KV_NVFP4_RUNS96) && KVKIT_BULK_COPY && \
+     KVKIT_ARCH < 1200)
 #endif
 #if KV_CP_ON_BULK
 #define KV_TILE_PAIRS_MAX_D 256

@@ -26,7 +26,12 @@ def main() -> int:
     d = int(sys.argv[1]) if len(sys.argv) > 1 else 128
     hq = hkv * (int(sys.argv[2]) if len(sys.argv) > 2 else 4)
     for name in formats.names():
-        layer = kvkit.PagedKVCache(formats.get(name, d), 1, hkv, nb, bs, backend="cuda").layer(0)
+        try:
+            fmt = formats.get(name, d)
+        except ValueError as exc:  # e.g. MSE keys at a head_dim that is not a power of two
+            print(f"{name}: not at head_dim {d} ({exc})")
+            continue
+        layer = kvkit.PagedKVCache(fmt, 1, hkv, nb, bs, backend="cuda").layer(0)
         k, v = llm_like_kv(40, hkv, d, seed=1)
         if layer.fmt.has_global_scales:
             layer.k_scale, layer.v_scale = layer.fmt.calibrate(k), layer.fmt.calibrate(v)

@@ -21,7 +21,7 @@ def test_shape_set_is_the_published_one():
     extra = {(s.B, s.T, s.Hq, s.Hkv, s.D) for s in shapes[5:]}
     assert extra == {
         (32, 4096, 32, 8, 64), (32, 4096, 32, 8, 256), (32, 4096, 128, 8, 128),
-        (32, 4096, 64, 8, 128),  # GQA 8
+        (32, 4096, 64, 8, 128), (32, 4096, 32, 8, 96),  # GQA 8, head_dim 96
         (1, 4096, 32, 8, 128), (8, 4096, 32, 8, 128),  # CUDA-graph decode steps
     }  # fmt: skip
 

@@ -63,8 +63,9 @@
 //                     (high half), h1 = kv_mma_kpos(ks, 2), kv_mma_kpos(ks, 3); the family
 //                     picks the order within the run that makes its unpacking cheapest.
 //                     kstep also gets the family table (KV_MMA_TABLE_WORDS).
-//   KV_MMA_KDIM       1 (with K_HILO): lane c's run element e is dim kv_mma_kdim(c, e), not
-//                     KPL c + e (the family's run layout; the query rows follow it)
+//   KV_MMA_KDIM       1 (with K_HILO or K_REGS): lane c's run element e is dim
+//                     kv_mma_kdim(c, e), not KPL c + e (the family's run layout; the query
+//                     rows follow it)
 //   KV_MMA_K_HILO     1 (with K_REGS): each A register holds one key element as {hi, lo}
 //                     (fp16 halves, element = hi + lo), and the query rows hold every
 //                     query dim twice, so the mma's K extent is 2 D and one product
@@ -73,7 +74,8 @@
 //                     kpos(ks, j), j = 0 (a0 / a1) and 1 (a2 / a3), over D / 8 k-steps.
 //   KV_MMA_V_DIRECT   1: fp16 values read from the staged plane-1 rows by ldmatrix.trans
 //   kv_mma_v8(rows, d8): value elements d8..d8+7 of one token as 4 x 16-bit pairs (families
-//                     with neither direct nor register V: NVFP4 at D = 96)
+//                     with neither direct nor register V: NVFP4 at D = 96 under
+//                     KVKIT_DECODE_NV96=0, decode_nvfp4.cu)
 //   KV_MMA_V_REGS     1: the V operand straight from the staged rows into registers, with
 //                     the PV mma's M (output dims) permuted so a lane's dims are contiguous:
 //                     kv_mma_vload(rows, g, raw) loads one token's dims VPL g .. VPL g +
@@ -81,6 +83,8 @@
 //                     kv_mma_vpair(raw_a, raw_b, j, &w0, &w1) returns dims VPL g + 2 j (w0)
 //                     and + 1 (w1) of tokens a (low half) and b (high half); with KV_MMA_VCODES 0,
 //                     all-zero raw words (an invalid token's, masked) must give +0 operands
+//   KV_MMA_VDIM       1 (with V_REGS): pair j of lane group g is dims kv_mma_vdim(g, j), + 1,
+//                     not VPL g + 2 j (the family's run layout; the output rows follow it)
 //   KV_MMA_BF16       1: bf16 keys and values, read from the staged rows (K_DIRECT and
 //                     V_DIRECT): scores and PV on bf16 mma, the query rows and P split in
 //                     three bf16 parts each (hi + mid + lo: 24 bits, so every product is
@@ -326,6 +330,10 @@ __device__ __forceinline__ int kv_mma_qdim(int p) {
 #elif KV_MMA_K_HILO
     const int kk = p & 15;
     return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, kk >> 3);
+#elif KV_MMA_K_REGS && defined(KV_MMA_KDIM)
+    // The family's own lane runs (decode_nvfp4.cu at head_dim 96).
+    const int kk = p & 15;
+    return kv_mma_kdim((kk & 7) >> 1, kv_mma_kpos(p >> 4, (kk & 1) | ((kk >> 3) << 1)));
 #elif KV_MMA_K_REGS
     const int kk = p & 15;
     return (kvm::D / 4) * ((kk & 7) >> 1) + kv_mma_kpos(p >> 4, (kk & 1) | ((kk >> 3) << 1));
@@ -1461,7 +1469,14 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #else
                 const float zz = 0.f;
 #endif
-#if KV_MMA_V_REGS
+#if KV_MMA_V_REGS && defined(KV_MMA_VDIM)
+                // The family's own output dims per m-tile (decode_nvfp4.cu at head_dim 96).
+                float* dst = red + (warp * R + r) * D;
+#pragma unroll
+                for (int mi = 0; mi < MT; ++mi)
+                    *reinterpret_cast<float2*>(dst + kv_mma_vdim(g, mi)) =
+                        make_float2(acc[nr][mi][j] * AF + zz, acc[nr][mi][2 + j] * AF + zz);
+#elif KV_MMA_V_REGS
                 float2* dst = reinterpret_cast<float2*>(red + (warp * R + r) * D + VPL * g);
 #pragma unroll
                 for (int mi = 0; mi < MT; ++mi)

@@ -512,11 +512,12 @@ def assert_bad_pages_agree(
     # 2): pairs on, within float32 reassociation.
     # KVKIT_DECODE_TQ_PAIRS8 (TurboQuant's pairs up to 8 rows at D = 128): pairs on, within
     # float32 reassociation (0 runs those rows one tile at a time).
-    # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows) and KVKIT_DECODE_CP_ON_BULK (NVFP4's cp.async
-    # pairs at head_dim 256 on sm_90+): the same.
+    # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows), KVKIT_DECODE_CP_ON_BULK (NVFP4's cp.async
+    # pairs at head_dim 256 on sm_90+) and KVKIT_DECODE_NV96 (NVFP4's register runs at head_dim
+    # 96: another mma order): the same.
     pairs_on = (var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3") or var in (
         "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8", "KVKIT_DECODE_PAIRS16",
-        "KVKIT_DECODE_CP_ON_BULK")  # fmt: skip
+        "KVKIT_DECODE_CP_ON_BULK", "KVKIT_DECODE_NV96")  # fmt: skip
     pairs = pairs_on or var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
@@ -1415,30 +1416,33 @@ def test_tq_pairs8_token_major_planes(cp, name, monkeypatch):
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_TQ_PAIRS8", "1", "0")
 
 
-# --- NVFP4 at head_dim 256 on the warp-local cp.async loop (KVKIT_DECODE_CP_ON_BULK) ----------
-# 1 (the default at head_dim 256 on sm_90 / sm_100) runs NVFP4's head_dim-256 launches on
-# sm_90+ (no copy-engine tiles there) through the warp-local cp.async loop with its page
-# windows and, up to 4 query rows, its tile pairs; 0 the CTA-barrier loop: float32
-# reassociation apart. On targets without bulk copies both values build the same code.
+# --- NVFP4 at head_dims 256 / 32 on the warp-local cp.async loop (KVKIT_DECODE_CP_ON_BULK) ----
+# 1 (the default at head_dims 256, 96 and 32 on sm_90 / sm_100) runs NVFP4's launches there on
+# sm_90+ (no copy-engine tiles at those head dims) through the warp-local cp.async loop with
+# its page windows and, up to 4 query rows, its tile pairs; 0 the CTA-barrier loop: float32
+# reassociation apart. On targets without bulk copies both values build the same code. (Head
+# dim 96: test_nv96_* under the device script's environments.)
+@pytest.mark.parametrize("head_dim", [256, 32])
 @pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1), (1, 1)])
 @pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
-def test_nvfp4_256_cp_on_bulk_matches_the_barrier_loop(cp, group, q_len, block_size, window,
-                                                       monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_CP_ON_BULK=1 against 0 at head_dim 256: the tile-pair tests' lengths, 70
-    tiles in one split (page-window refills, an odd last tile), pages below, at and above the
-    tile, a window, causal q_len > 1; 1 and 3 splits."""
-    case = Case("nvfp4", head_dim=256, hkv=2, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
-                seed=block_size + 3 * group + q_len + 256)  # fmt: skip
+def test_nvfp4_cp_on_bulk_matches_the_barrier_loop(cp, head_dim, group, q_len, block_size,
+                                                   window, monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_CP_ON_BULK=1 against 0 at head_dim 256 and 32: the tile-pair tests'
+    lengths, 70 tiles in one split (page-window refills, an odd last tile), pages below, at and
+    above the tile, a window, causal q_len > 1; 1 and 3 splits."""
+    case = Case("nvfp4", head_dim=head_dim, hkv=2, group=group, q_len=q_len,
+                block_size=block_size, seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + head_dim)  # fmt: skip
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0", exact="none")
 
 
+@pytest.mark.parametrize("head_dim", [256, 32])
 @pytest.mark.parametrize("block_size", [16, 128])
-def test_nvfp4_256_cp_on_bulk_flags_bad_pages_as_before(cp, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree at head_dim 256) under
+def test_nvfp4_cp_on_bulk_flags_bad_pages_as_before(cp, head_dim, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at head_dim 256 and 32) under
     KVKIT_DECODE_CP_ON_BULK=1 and 0: the same flag, outputs within float32 reassociation."""
     assert_bad_pages_agree("nvfp4", block_size, block_size + 17, monkeypatch,
-                           "KVKIT_DECODE_CP_ON_BULK", head_dim=256)  # fmt: skip
+                           "KVKIT_DECODE_CP_ON_BULK", head_dim=head_dim)  # fmt: skip
 
 
 def test_nvfp4_256_cp_on_bulk_token_major_planes(cp, monkeypatch):
@@ -1449,6 +1453,46 @@ def test_nvfp4_256_cp_on_bulk_token_major_planes(cp, monkeypatch):
                 seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=19)  # fmt: skip
     store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_CP_ON_BULK", "1", "0", exact="none")
+
+
+# --- NVFP4 at head_dim 96 with register runs (KVKIT_DECODE_NV96, decode_nvfp4.cu) -----------
+# 1 (the default) gives head_dim 96 the register keys and values of the other tensor-core head
+# dims, with the mma's K and M permuted (runs of whole blocks and half blocks; the query rows
+# and the output dims follow), and with them the packed mma columns and, on sm_90 / sm_100, the
+# warp-local cp.async loop and its tile pairs; 0 is the build before (per-k-step key bytes,
+# values through the shared V tile, the CTA-barrier loop). Another mma order: within float32
+# reassociation of each other and DECODE_GPU_RTOL of float64. An environment's explicit
+# KVKIT_DECODE_CP_ON_BULK / KVKIT_DECODE_NV_PACK applies to both sides.
+@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
+@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1), (1, 1), (16, 1), (4, 4)])
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
+def test_nv96_matches_the_build_before(cp, name, group, q_len, block_size, window,
+                                       monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV96=1 against 0 at head_dim 96: the tile-pair tests' lengths, 70 tiles in
+    one split, pages below, at and above the tile, a window, causal q_len > 1, one and two row
+    tiles; 1 and 3 splits."""
+    case = Case(name, head_dim=96, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + 96)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_nv96_flags_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at head_dim 96) under
+    KVKIT_DECODE_NV96=1 and 0: the same flag, outputs within float32 reassociation."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 29, monkeypatch,
+                           "KVKIT_DECODE_NV96", head_dim=96)  # fmt: skip
+
+
+def test_nv96_token_major_planes(cp, monkeypatch):
+    """Token-major (strided) planes at head_dim 96 under 1 and 0, with sinks, a soft-cap and
+    float16 queries: within float32 reassociation, each within DECODE_GPU_RTOL of float64."""
+    case = Case("nvfp4", head_dim=96, hkv=2, group=4, q_len=1, block_size=32,
+                seq_lens=[*PAIR_LENS, 40 * 32 + 5], seed=37, sinks=True, softcap=30.0,
+                q_dtype="float16")  # fmt: skip
+    store_token_major(cp, case)
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96", "1", "0", exact="none")
 
 
 # --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
