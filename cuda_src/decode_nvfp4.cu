@@ -232,7 +232,7 @@ __device__ __forceinline__ void kv_mma_k4(const unsigned char* const* rows, int 
 // below) and, on sm_90 / sm_100, the warp-local cp.async loop with its tile pairs
 // (KV_CP_ON_BULK, below). 0: the build before (keys by kv_mma_k4 per k-step, values through the
 // shared V tile, the CTA-barrier loop on sm_90), which ran D = 96 slower than the fp16 cache.
-// Measured on the H200 (session 24, call 3; graph ms, Hq 32, Hkv 8, D = 96, two runs each;
+// Measured on the H200 (session 24, call 4; graph ms, Hq 32, Hkv 8, D = 96, two runs each;
 // 0 / 1 alone / 1 with the packed columns and the warp-local loop, the default):
 //   (32, 4096) 0.1142 / 0.1144 -> 0.0690 / 0.0685 -> 0.0579 / 0.0573
 //   (8, 8192) 0.0617 / 0.0616 -> 0.0390 / 0.0386 -> 0.0338 / 0.0333
@@ -311,7 +311,8 @@ __device__ __forceinline__ void kv_mma_kload(const unsigned char* const* rows, i
 // to row pointers 0 (codes) and 1 (scales) for lane column c, the same expressions as there;
 // kv_mma_vlane below for kv_mma_vload. Not with row gaps (KV_P2_SGAP: the session-10 tile at
 // D = 128, KVKIT_DECODE_NVFP4_SLABS_OTHER_D=1 at D = 64), where the pair loop's row offsets
-// are not linear in the token.
+// are not linear in the token; nor with head_dim 96's runs (KV_NVFP4_RUNS96: two chunks at
+// offsets 8 c and 32 + 4 c, not one lane term).
 #if !defined(KV_P2_SGAP) && !KV_NVFP4_RUNS96
 #define KV_MMA_LANE_OFFS 1
 #endif
@@ -535,7 +536,7 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
 // 0 -> 1, two runs each): (32, 4096) 0.1189 / 0.1192 -> 0.0956 / 0.0959, (8, 8192) 0.0622 /
 // 0.0626 -> 0.0551 / 0.0549, (64, 8192) 0.4578 / 0.4645 -> 0.4160 / 0.4201, (1, 32768) 0.0372 /
 // 0.0378 -> 0.0344 / 0.0347, G = 8 (16, 4096) 0.0705 / 0.0705 -> 0.0670 / 0.0668. At D = 32
-// (session 24, call 3): (32, 4096) 0.0462 / 0.0463 -> 0.0377 / 0.0377, (8, 8192) 0.0252 / 0.0253
+// (session 24, call 2): (32, 4096) 0.0462 / 0.0463 -> 0.0377 / 0.0377, (8, 8192) 0.0252 / 0.0253
 // -> 0.0214 / 0.0213, (1, 32768) 0.0167 / 0.0167 -> 0.0141 / 0.0141, (64, 8192) 0.1688 / 0.1687
 // -> 0.1239 / 0.1240. Another float32 order (the pairs' softmax steps; the single-tile loop of
 // non-slab launches too): not bit for bit with 0.
