@@ -547,6 +547,21 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
     ((KV_HEAD_DIM == 256 || KV_HEAD_DIM == 32 || KV_NVFP4_RUNS96) && KVKIT_BULK_COPY && \
      KVKIT_ARCH < 1200)
 #endif
+// -DKVKIT_DECODE_NV96_PAIRS8 (kvkit/cuda/decode.py; A/B runs; default 1): 1 gives head_dim
+// 96's register runs the cp.async path's tile pairs up to 8 query rows (decode_core.cuh
+// KV_CP_PAIRS8_MAX_D): its 8 KB stages (48-byte code rows, 16-byte scale rows) leave four CTAs
+// per SM with 5-8 rows' query buffers (119-125 registers, no spills on sm_80 / sm_90 /
+// sm_100a, float32, float16 and bfloat16 queries); 0 up to 4 (the build before), as at D =
+// 128. Measured on the H200 (session 24, call 6; graph ms at G = 8, Hq 64, Hkv 8, D = 96, 0 ->
+// 1, two runs each): (16, 4096) 0.0398 / 0.0397 -> 0.0360 / 0.0359, (8, 8192) 0.0402 / 0.0403
+// -> 0.0365 / 0.0364, (32, 4096) 0.0701 / 0.0699 -> 0.0623 / 0.0620, (1, 32768) 0.0247 /
+// 0.0247 -> 0.0230 / 0.0230; through KVKIT_ARCH=sm_80 -7 to -11% likewise.
+#ifndef KVKIT_DECODE_NV96_PAIRS8
+#define KVKIT_DECODE_NV96_PAIRS8 1
+#endif
+#if KV_NVFP4_RUNS96 && KVKIT_DECODE_NV96_PAIRS8
+#define KV_CP_PAIRS8_MAX_D 96
+#endif
 #if KV_CP_ON_BULK
 #define KV_TILE_PAIRS_MAX_D 256
 #endif

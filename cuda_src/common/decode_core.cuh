@@ -323,8 +323,14 @@
 // 12,288 bytes a stage where the bulk layout takes 10,528), so at D > 64 four stages leave
 // four CTAs per SM (the 128-register cap's; decode_mma.cuh checks 228 KB / 4) only up to 4
 // query rows (54,896 bytes a CTA at 4 x 1): at 8 rows the fp32 / bf16 queries' lo parts
-// pushed it over and the assert failed. Up to 8 at D = 64 (38,768 bytes at 8 x 1, fp32).
-#define KVD_CP_PAIRS_ROWS (KV_HEAD_DIM > 64 && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
+// pushed it over and the assert failed. Up to 8 at D = 64 (38,768 bytes at 8 x 1, fp32), and
+// up to KV_CP_PAIRS8_MAX_D (a family's choice, default 64; NVFP4's 96 under
+// KVKIT_DECODE_NV96_PAIRS8, decode_nvfp4.cu).
+#ifndef KV_CP_PAIRS8_MAX_D
+#define KV_CP_PAIRS8_MAX_D 64
+#endif
+#define KVD_CP_PAIRS_ROWS \
+    (KV_HEAD_DIM > KV_CP_PAIRS8_MAX_D && KV_TILE_PAIRS_ROWS > 4 ? 4 : KV_TILE_PAIRS_ROWS)
 #define KVD_TILE_PAIRS                                                                      \
     (((KVD_WARP_PIPE && KV_GROUP * KV_Q_LEN <= KVD_PIPE_PAIRS_ROWS) ||                       \
       (KVD_CP_PAIRS_ON && KV_GROUP * KV_Q_LEN <= KVD_CP_PAIRS_ROWS)) &&                       \

@@ -453,6 +453,9 @@ _FAMILY_SWITCHES = (
     # NVFP4 at head_dim 96: register key and value runs with permuted mma dims (1) or the
     # per-k-step keys and shared V tile before them (0) (decode_nvfp4.cu KVKIT_DECODE_NV96).
     ("KVKIT_DECODE_NV96", ("0", "1"), ("nvfp4",)),
+    # Those runs' cp.async tile pairs up to 8 query rows (1) or 4 (0) (decode_nvfp4.cu
+    # KVKIT_DECODE_NV96_PAIRS8).
+    ("KVKIT_DECODE_NV96_PAIRS8", ("0", "1"), ("nvfp4",)),
     # NVFP4's cp.async launches on sm_90+: the warp-local cp.async loop and its tile pairs (1;
     # the default at head_dim 256 on sm_90 / sm_100), or the CTA-barrier loop (0, the build
     # before) (decode_nvfp4.cu KVKIT_DECODE_CP_ON_BULK).

@@ -292,8 +292,9 @@ def test_tensor_core_decode_does_not_spill(arch):
     # 16 x 1; "-tqp80": 4bit_nc at 8 x 1, head_dim 128, one tile at a time at four CTAs per SM
     # (KVKIT_DECODE_TQ_PAIRS8=0, A/B runs; the default 1 takes the tile pairs at three: 158-168
     # registers on sm_90); "-nv960": NVFP4 at head_dim 96 without its register runs
-    # (KVKIT_DECODE_NV96=0, A/B runs; the default 1 takes them, also built at 4 x 1, 2 x 2 and
-    # 16 x 1 there).
+    # (KVKIT_DECODE_NV96=0, A/B runs; the default 1 takes them, built at 4 x 1, 2 x 2, 16 x 1,
+    # 8 x 1 and 2 x 4 there); "-nv96p80": those runs' cp.async pairs up to 4 rows only
+    # (KVKIT_DECODE_NV96_PAIRS8=0, A/B runs; the default 1 takes them up to 8).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
         "bulk0": ("KVKIT_DECODE_NVFP4_BULK", "0"),
@@ -325,6 +326,7 @@ def test_tensor_core_decode_does_not_spill(arch):
         "tq3o640": ("KVKIT_DECODE_TQ3_ORDER64", "0"),
         "tqp80": ("KVKIT_DECODE_TQ_PAIRS8", "0"),
         "nv960": ("KVKIT_DECODE_NV96", "0"),
+        "nv96p80": ("KVKIT_DECODE_NV96_PAIRS8", "0"),
     }
     for name in ("fp16", "fp16-runs", "bf16", "bf16-runs", "fp8_e4m3", "fp8_e4m3-runs",
                  "fp8_e4m3-nantile0", "nvfp4", "nvfp4-runs", "nvfp4-unpack0", "nvfp4-bulk0",
@@ -342,7 +344,7 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_3bit_nc-nocap", "fp16-nocap",
                  "turboquant_3bit_nc-tq3banks0", "turboquant_4bit_nc-tq4o640",
                  "turboquant_3bit_nc-tq3o640", "turboquant_4bit_nc-tqp80",
-                 "nvfp4-nv960"):  # fmt: skip
+                 "nvfp4-nv960", "nvfp4-nv96p80"):  # fmt: skip
         name, _, switch = name.partition("-")
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
@@ -357,9 +359,10 @@ def test_tensor_core_decode_does_not_spill(arch):
             shapes = tuple(x for x in shapes if x[2] == 64)
         if switch == "tqp80":  # (only 5-8 rows at head_dim 128 differ from the default)
             shapes = ((8, 1, 128, "1"),)
-        if name == "nvfp4" and switch in ("", "nv960"):  # head_dim 96, both builds
-            shapes += ((4, 1, 96, "1"), (2, 2, 96, "2"), (16, 1, 96, "0"))
-        if switch == "nv960":  # (the other head_dims' builds are the default's)
+        if name == "nvfp4" and switch in ("", "nv960", "nv96p80"):  # head_dim 96
+            shapes += ((4, 1, 96, "1"), (2, 2, 96, "2"), (16, 1, 96, "0"), (8, 1, 96, "0"),
+                       (2, 4, 96, "1"))  # fmt: skip
+        if switch in ("nv960", "nv96p80"):  # (the other head_dims' builds are the default's)
             shapes = tuple(x for x in shapes if x[2] == 96)
         if not switch and name in ("nvfp4", "turboquant_4bit_nc"):
             shapes += ((8, 1, 128, "0"), (2, 4, 128, "2"), (4, 2, 128, "1"), (16, 1, 128, "0"),

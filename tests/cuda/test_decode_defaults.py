@@ -80,7 +80,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                   "KVKIT_DECODE_NVFP4_SLABS_OTHER_D", "KVKIT_DECODE_WARP_PIPE",
                   "KVKIT_DECODE_TILE_PAIRS", "KVKIT_DECODE_PAIR_ADDR",
                   "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK", "KVKIT_DECODE_NV_ISSUE",
-                  "KVKIT_DECODE_NV96",
+                  "KVKIT_DECODE_NV96", "KVKIT_DECODE_NV96_PAIRS8",
                   "KVKIT_DECODE_NV_PACK",
                   "KVKIT_DECODE_CP_ASYNC_V2"},
         "turboquant_4bit_nc": {"KVKIT_DECODE_TQ_VARIANT", "KVKIT_DECODE_TQ3",

@@ -514,10 +514,10 @@ def assert_bad_pages_agree(
     # float32 reassociation (0 runs those rows one tile at a time).
     # KVKIT_DECODE_PAIRS16 (pairs up to 16 rows), KVKIT_DECODE_CP_ON_BULK (NVFP4's cp.async
     # pairs at head_dim 256 on sm_90+) and KVKIT_DECODE_NV96 (NVFP4's register runs at head_dim
-    # 96: another mma order): the same.
+    # 96: another mma order; KVKIT_DECODE_NV96_PAIRS8, their pairs at 5-8 rows): the same.
     pairs_on = (var == "KVKIT_DECODE_CP_ASYNC_V2" and new == "3") or var in (
         "KVKIT_DECODE_NV_PACK", "KVKIT_DECODE_TQ_PAIRS8", "KVKIT_DECODE_PAIRS16",
-        "KVKIT_DECODE_CP_ON_BULK", "KVKIT_DECODE_NV96")  # fmt: skip
+        "KVKIT_DECODE_CP_ON_BULK", "KVKIT_DECODE_NV96", "KVKIT_DECODE_NV96_PAIRS8")  # fmt: skip
     pairs = pairs_on or var == "KVKIT_DECODE_TILE_PAIRS"
     # KVKIT_DECODE_PAIR_ADDR changes only the pair loop's addressing: compared with pairs on,
     # bit for bit.
@@ -1493,6 +1493,29 @@ def test_nv96_token_major_planes(cp, monkeypatch):
                 q_dtype="float16")  # fmt: skip
     store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96", "1", "0", exact="none")
+
+
+# KVKIT_DECODE_NV96_PAIRS8: head_dim 96's cp.async tile pairs at 5-8 query rows (1) against
+# the single-tile loop there (0): within float32 reassociation and DECODE_GPU_RTOL of float64.
+@pytest.mark.parametrize("group, q_len", [(8, 1), (4, 2), (2, 4), (6, 1)])
+@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
+def test_nv96_pairs8_match_the_single_tile_build(cp, group, q_len, block_size, window,
+                                                 monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV96_PAIRS8=1 against 0 at 5-8 query rows, head_dim 96: the tile-pair
+    tests' lengths, 70 tiles in one split, pages below, at and above the tile, a window,
+    causal q_len > 1; 1 and 3 splits."""
+    case = Case("nvfp4", head_dim=96, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
+                seed=block_size + 3 * group + q_len + 968)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96_PAIRS8", "1", "0", exact="none")
+
+
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_nv96_pairs8_flag_bad_pages_as_before(cp, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at head_dim 96, G = 8) under
+    KVKIT_DECODE_NV96_PAIRS8=1 and 0: the same flag, outputs within float32 reassociation."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + 31, monkeypatch,
+                           "KVKIT_DECODE_NV96_PAIRS8", group=8, head_dim=96)  # fmt: skip
 
 
 # --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
