@@ -457,8 +457,8 @@ _FAMILY_SWITCHES = (
     # KVKIT_DECODE_NV96_PAIRS8).
     ("KVKIT_DECODE_NV96_PAIRS8", ("0", "1"), ("nvfp4",)),
     # NVFP4's cp.async launches on sm_90+: the warp-local cp.async loop and its tile pairs (1;
-    # the default at head_dim 256 on sm_90 / sm_100), or the CTA-barrier loop (0, the build
-    # before) (decode_nvfp4.cu KVKIT_DECODE_CP_ON_BULK).
+    # the default at head_dims 256, 96 and 32 on sm_90 / sm_100), or the CTA-barrier loop (0,
+    # the build before) (decode_nvfp4.cu KVKIT_DECODE_CP_ON_BULK).
     ("KVKIT_DECODE_CP_ON_BULK", ("0", "1"), ("nvfp4",)),
     # The tile-pair loop's row addresses from per-lane offsets held over the loop and both
     # tiles' copies issued together (1), or as before (0) (decode_core.cuh KVD_PAIR_ADDR);
