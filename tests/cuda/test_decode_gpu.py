@@ -1463,26 +1463,38 @@ def test_nvfp4_256_cp_on_bulk_token_major_planes(cp, monkeypatch):
 # values through the shared V tile, the CTA-barrier loop). Another mma order: within float32
 # reassociation of each other and DECODE_GPU_RTOL of float64. An environment's explicit
 # KVKIT_DECODE_CP_ON_BULK / KVKIT_DECODE_NV_PACK applies to both sides.
-@pytest.mark.parametrize("name", ["nvfp4", "nvfp4_4over6"])
-@pytest.mark.parametrize("group, q_len", [(4, 1), (2, 2), (8, 1), (1, 1), (16, 1), (4, 4)])
+# KVKIT_DECODE_NV96_PAIRS8 (1, the default): those runs' cp.async tile pairs up to 8 query rows
+# against the single-tile loop at 5-8 rows (0); the same tolerances.
+NV96_CASES = [
+    ("KVKIT_DECODE_NV96", name, *rows)
+    for name in ("nvfp4", "nvfp4_4over6")
+    for rows in ((4, 1), (2, 2), (8, 1), (1, 1), (16, 1), (4, 4))
+] + [("KVKIT_DECODE_NV96_PAIRS8", "nvfp4", *rows) for rows in ((8, 1), (4, 2), (2, 4), (6, 1))]
+_NV96_SEEDS = {"KVKIT_DECODE_NV96": 96, "KVKIT_DECODE_NV96_PAIRS8": 968}
+
+
+@pytest.mark.parametrize("var, name, group, q_len", NV96_CASES)
 @pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
-def test_nv96_matches_the_build_before(cp, name, group, q_len, block_size, window,
-                                       monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_NV96=1 against 0 at head_dim 96: the tile-pair tests' lengths, 70 tiles in
-    one split, pages below, at and above the tile, a window, causal q_len > 1, one and two row
-    tiles; 1 and 3 splits."""
+def test_nv96_switches_match_the_builds_before(cp, var, name, group, q_len, block_size, window,
+                                               monkeypatch):  # fmt: skip
+    """KVKIT_DECODE_NV96 / _PAIRS8 = 1 against 0 at head_dim 96: the tile-pair tests' lengths,
+    70 tiles in one split, pages below, at and above the tile, a window, causal q_len > 1, one
+    and two row tiles; 1 and 3 splits."""
     case = Case(name, head_dim=96, hkv=2, group=group, q_len=q_len, block_size=block_size,
                 seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
-                seed=block_size + 3 * group + q_len + 96)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96", "1", "0", exact="none")
+                seed=block_size + 3 * group + q_len + _NV96_SEEDS[var])  # fmt: skip
+    assert_builds_agree(case, monkeypatch, var, "1", "0", exact="none")
 
 
+@pytest.mark.parametrize("var, group, seed", [("KVKIT_DECODE_NV96", 4, 29),
+                                              ("KVKIT_DECODE_NV96_PAIRS8", 8, 31)])  # fmt: skip
 @pytest.mark.parametrize("block_size", [16, 128])
-def test_nv96_flags_bad_pages_as_before(cp, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree at head_dim 96) under
-    KVKIT_DECODE_NV96=1 and 0: the same flag, outputs within float32 reassociation."""
-    assert_bad_pages_agree("nvfp4", block_size, block_size + 29, monkeypatch,
-                           "KVKIT_DECODE_NV96", head_dim=96)  # fmt: skip
+def test_nv96_switches_flag_bad_pages_as_before(cp, var, group, seed, block_size, monkeypatch):
+    """Bad block-table entries (assert_bad_pages_agree at head_dim 96; G = 8 for the pairs at
+    5-8 rows) under each switch at 1 and 0: the same flag, outputs within float32
+    reassociation."""
+    assert_bad_pages_agree("nvfp4", block_size, block_size + seed, monkeypatch, var,
+                           group=group, head_dim=96)  # fmt: skip
 
 
 def test_nv96_token_major_planes(cp, monkeypatch):
@@ -1493,29 +1505,6 @@ def test_nv96_token_major_planes(cp, monkeypatch):
                 q_dtype="float16")  # fmt: skip
     store_token_major(cp, case)
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96", "1", "0", exact="none")
-
-
-# KVKIT_DECODE_NV96_PAIRS8: head_dim 96's cp.async tile pairs at 5-8 query rows (1) against
-# the single-tile loop there (0): within float32 reassociation and DECODE_GPU_RTOL of float64.
-@pytest.mark.parametrize("group, q_len", [(8, 1), (4, 2), (2, 4), (6, 1)])
-@pytest.mark.parametrize("block_size, window", [(16, None), (64, 70), (128, None)])
-def test_nv96_pairs8_match_the_single_tile_build(cp, group, q_len, block_size, window,
-                                                 monkeypatch):  # fmt: skip
-    """KVKIT_DECODE_NV96_PAIRS8=1 against 0 at 5-8 query rows, head_dim 96: the tile-pair
-    tests' lengths, 70 tiles in one split, pages below, at and above the tile, a window,
-    causal q_len > 1; 1 and 3 splits."""
-    case = Case("nvfp4", head_dim=96, hkv=2, group=group, q_len=q_len, block_size=block_size,
-                seq_lens=[*PAIR_LENS, 70 * 64 - 27], window=window,
-                seed=block_size + 3 * group + q_len + 968)  # fmt: skip
-    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_NV96_PAIRS8", "1", "0", exact="none")
-
-
-@pytest.mark.parametrize("block_size", [16, 128])
-def test_nv96_pairs8_flag_bad_pages_as_before(cp, block_size, monkeypatch):
-    """Bad block-table entries (assert_bad_pages_agree at head_dim 96, G = 8) under
-    KVKIT_DECODE_NV96_PAIRS8=1 and 0: the same flag, outputs within float32 reassociation."""
-    assert_bad_pages_agree("nvfp4", block_size, block_size + 31, monkeypatch,
-                           "KVKIT_DECODE_NV96_PAIRS8", group=8, head_dim=96)  # fmt: skip
 
 
 # --- tile pairs up to 16 rows (KVKIT_DECODE_PAIRS16, decode_core.cuh; default 1) --------------
