@@ -411,6 +411,19 @@
 #ifndef KVD_ROW_RUNS_ON
 #define KVD_ROW_RUNS_ON 0
 #endif
+// Row runs of rows with an even count of 16-byte chunks that is not a power of two (head_dim
+// 96: fp8's 96-byte rows, fp16 / bf16's 192-byte ones where the copy engine does not copy
+// them), KVD_ROW_RUNS_EVEN (env KVKIT_DECODE_ROW_RUNS_EVEN=0 / 1, kvkit/cuda/decode.py, for
+// A/B runs; default 1): 1 copies them as row runs too (kvd::run_plane), each lane's staging
+// offsets worked out per copy (kv_issue_plane); 0 keeps their per-token copies (the build
+// before). Measured on the H200 (session 24, call 9; graph ms at D = 96, Hq 32, Hkv 8, 0 -> 1,
+// two runs each): fp8 (32, 4096) 0.0799 / 0.0799 -> 0.0629 / 0.0630, (8, 8192) 0.0457 /
+// 0.0446 -> 0.0362 / 0.0363, (1, 32768) 0.0266 -> 0.0223 / 0.0224, (64, 8192) 0.2885 / 0.2898
+// -> 0.2338 / 0.2256; through KVKIT_ARCH=sm_80 fp8 -12 to -14%, fp16 (32, 4096) 0.1566 ->
+// 0.1128, (64, 8192) 0.5858 -> 0.4141.
+#ifndef KVD_ROW_RUNS_EVEN
+#define KVD_ROW_RUNS_EVEN 1
+#endif
 
 // Plane copy modes (kv_plane_mode).
 #define KVD_MODE_ROW16 0
@@ -541,10 +554,12 @@ constexpr bool SLAB_PLANES = KV_P0_BYTES % 16 != 0 || KV_P1_BYTES % 16 != 0 ||
                              KV_P2_BYTES % 16 != 0 || KV_P3_BYTES % 16 != 0;
 // Row runs: a row plane of W bytes whose NCH = W / 16 chunks are a power of two >= 2 (so a
 // warp's 16 rows are NCH / 2 rounds of 32 chunks and lane l's chunks l + 32 k sit at the same
-// row and chunk offsets from its first one in every round: compile-time steps). Built only
-// for the mma core (one warp per 16 tokens) without bulk copies and when some plane qualifies.
+// row and chunk offsets from its first one in every round: compile-time steps), or any even
+// count under KVD_ROW_RUNS_EVEN (NCH / 2 rounds still; the offsets per copy). Built only for
+// the mma core (one warp per 16 tokens) without bulk copies and when some plane qualifies.
 __host__ __device__ constexpr bool run_plane(int w) {
-    return w > 0 && w % 16 == 0 && (w / 16) % 2 == 0 && ((w / 16) & (w / 16 - 1)) == 0;
+    return w > 0 && w % 16 == 0 && (w / 16) % 2 == 0 &&
+           (KVD_ROW_RUNS_EVEN || ((w / 16) & (w / 16 - 1)) == 0);
 }
 // (An enum, not a constexpr bool: NVRTC emits a namespace-scope constexpr variable whose
 // initializer calls a function as a PTX global, and the builds without row runs would differ
@@ -966,12 +981,25 @@ __device__ __forceinline__ void kv_issue_plane(unsigned char* stage, unsigned st
                 const unsigned src_x = ((unsigned)at.row_off & ~15u) * W + l16 + BIAS;
                 const unsigned char* src = kv_row_src<true>(base, sb, sh, 0, elem, kvh,
                                                             v ? at.row_page : 0, 0, (int)src_x);
-                const unsigned dst = stage_sa + ((unsigned)at.row_t & ~15u) * WP + l16 +
-                                     (NCH <= KV_WARP ? (l16 / NCH) & ~15u : 0u);
+                if constexpr ((NCH & (NCH - 1)) == 0) {
+                    const unsigned dst = stage_sa + ((unsigned)at.row_t & ~15u) * WP + l16 +
+                                         (NCH <= KV_WARP ? (l16 / NCH) & ~15u : 0u);
 #pragma unroll
-                for (int k = 0; k < NCH / 2; ++k)
-                    kv_cp_async16_zfill(dst + (k / CPR) * RPI * WP + (k % CPR) * KV_WARP * 16,
-                                        src + k * KV_WARP * 16 - BIAS, at.row_page);
+                    for (int k = 0; k < NCH / 2; ++k)
+                        kv_cp_async16_zfill(dst + (k / CPR) * RPI * WP + (k % CPR) * KV_WARP * 16,
+                                            src + k * KV_WARP * 16 - BIAS, at.row_page);
+                } else {
+                    // (KVD_ROW_RUNS_EVEN) Chunk i = l + 32 k of the run lands in staging row
+                    // i / NCH, chunk i % NCH: byte 16 (i + i / NCH) of the run's rows (WP =
+                    // W + 16), a lane-dependent step per k (NCH does not divide 32).
+                    const unsigned dst = stage_sa + ((unsigned)at.row_t & ~15u) * WP;
+#pragma unroll
+                    for (int k = 0; k < NCH / 2; ++k) {
+                        const unsigned i = (unsigned)at.run_l + 32u * (unsigned)k;
+                        kv_cp_async16_zfill(dst + 16u * (i + i / NCH),
+                                            src + k * KV_WARP * 16 - BIAS, at.row_page);
+                    }
+                }
             } else if constexpr (FAST && NCH % kvd::TPT == 0) {
                 // Rows without a page (or past the tile) get zeros from page 0's row instead
                 // of no copy (never read unmasked).

@@ -388,9 +388,11 @@ def row_runs_default(fmt) -> bool:
     says otherwise: when all of them are ROW_RUNS_MIN_WIDTH bytes or wider. Formats without
     such planes (TurboQuant slots) are unaffected either way."""
     # The kernel's row-run planes (decode_core.cuh kvd::run_plane): whole 16-byte chunks, an
-    # even power of two of them (NVFP4's 16-byte scale rows at D = 256 keep their copies).
+    # even count of them (NVFP4's 16-byte scale rows at D = 256 keep their copies; a count
+    # that is not a power of two, e.g. fp8's 96-byte rows at D = 96, under
+    # KVD_ROW_RUNS_EVEN, the kernel's default).
     chunks = [p.width // 16 for p in fmt.planes.values() if p.width % 16 == 0]
-    widths = [16 * c for c in chunks if c >= 2 and c & (c - 1) == 0]
+    widths = [16 * c for c in chunks if c >= 2 and c % 2 == 0]
     return bool(widths) and min(widths) >= ROW_RUNS_MIN_WIDTH
 
 
@@ -533,6 +535,7 @@ def _stage1_for(
     mask_all = os.environ.get("KVKIT_DECODE_MASK_ALL", "") == "1"
     no_runs = os.environ.get("KVKIT_DECODE_BULK_RUNS", "") == "0"
     row_runs = _env_choice("KVKIT_DECODE_ROW_RUNS", ("0", "1"))
+    row_runs_even = _env_choice("KVKIT_DECODE_ROW_RUNS_EVEN", ("0", "1"))
     switches = tuple(_env_choice(name, allowed) for name, allowed, _ in _FAMILY_SWITCHES)
     if auto:
         picked = dict(auto)
@@ -548,8 +551,8 @@ def _stage1_for(
     softcap_code = softcap or _env_choice("KVKIT_DECODE_SOFTCAP_BUILDS", ("0", "1")) == "0"
     key = (
         cupy.cuda.runtime.getDevice(), os.environ.get("KVKIT_ARCH"), id(fmt), in_define,
-        group, q_len, simt, stage_kb, mask_all, no_runs, row_runs, min_blocks, pdl_trigger,
-        switches, softcap_code,
+        group, q_len, simt, stage_kb, mask_all, no_runs, row_runs, row_runs_even, min_blocks,
+        pdl_trigger, switches, softcap_code,
     )  # fmt: skip
     hit = _stage1_fast.get(key)
     if hit is not None and hit[0] is fmt:
@@ -585,6 +588,10 @@ def _stage1_for(
     if row_runs == "1" or (not row_runs and row_runs_default(fmt)):
         # Row planes of whole-tile copies as row runs (cp.async path; A/B with =0 / =1).
         defines["KVD_ROW_RUNS_ON"] = "1"
+    if row_runs_even:
+        # Row runs of rows with an even, not power-of-two count of 16-byte chunks (1, the
+        # kernel's default) or not (0, the build before) (decode_core.cuh KVD_ROW_RUNS_EVEN).
+        defines["KVD_ROW_RUNS_EVEN"] = row_runs_even
     build = _stage1_kernel(entry, kname, defines)
     _stage1_fast[key] = (fmt, *build)  # holds fmt, so its id is not reused
     return build

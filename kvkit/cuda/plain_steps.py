@@ -83,7 +83,8 @@ enqueue_lock = threading.Lock()
 #: family build switch of the decode (kvkit/cuda/decode.py _FAMILY_SWITCHES, taken from there
 #: so a new switch cannot be left out): part of a step's key.
 KERNEL_ENV = ("KVKIT_ARCH", "KVKIT_DECODE_SIMT", "KVKIT_DECODE_STAGE_KB", "KVKIT_DECODE_MASK_ALL",
-              "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_MIN_BLOCKS",
+              "KVKIT_DECODE_BULK_RUNS", "KVKIT_DECODE_ROW_RUNS", "KVKIT_DECODE_ROW_RUNS_EVEN",
+              "KVKIT_DECODE_MIN_BLOCKS",
               "KVKIT_DECODE_PDL", "KVKIT_DECODE_PDL_TRIGGER", "KVKIT_DECODE_SOFTCAP_BUILDS",
               "KVKIT_WRITE_TQ_RPW", "KVKIT_WRITE_TQ_MIN_CTAS", "KVKIT_WRITE_TQ_VARIANT",
               "KVKIT_WRITE_TQ_WARPS",

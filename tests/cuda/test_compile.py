@@ -249,12 +249,13 @@ def test_tensor_core_decode_does_not_spill(arch):
     # for A/B runs); "nvfp4-bulk0": NVFP4's cp.async tile copies on sm_90
     # (KVKIT_DECODE_NVFP4_BULK=0; the default copies by the copy engine there); "nvfp4-rev0":
     # session 10's NVFP4 tile (KVKIT_DECODE_NVFP4_REV=0; the default is nvdec2's); "-runs": the row
-    # runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; fp16 / bf16 take them by default,
-    # fp8 / NVFP4 for A/B runs); "-tqv0": TurboQuant without the packed mma columns
-    # (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs); "-nantile0": the software-FP8 path's exact
-    # E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free tiles
-    # without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA barrier per
-    # tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines); "-tqslab0" /
+    # runs of the cp.async row copies (KVKIT_DECODE_ROW_RUNS=1; the default where every row plane is
+    # >= 64 bytes, kvkit/cuda/decode.py row_runs_default), fp8 / fp16 / bf16 also at head_dim 96
+    # (six- and twelve-chunk rows, KVD_ROW_RUNS_EVEN); "-tqv0": TurboQuant without the packed mma
+    # columns (KVKIT_DECODE_TQ_VARIANT=0, kept for A/B runs); "-nantile0": the software-FP8 path's
+    # exact E4M3 conversion in every tile (KVKIT_DECODE_FP8_NANTILE=0; the default converts NaN-free
+    # tiles without the NaN patch); "nvfp4-wpipe0": NVFP4's warp-slab launches with the CTA barrier
+    # per tile (KVKIT_DECODE_WARP_PIPE=0; the default runs warp-independent pipelines); "-tqslab0" /
     # "-tqslab1": TurboQuant's page-run / warp-slab copies on sm_90+ (KVKIT_DECODE_TQ_SLABS; the
     # default takes slabs for codebook keys, page runs for k8v4); "-tq64cpasync": TurboQuant's
     # cp.async copies below head_dim 128 (KVKIT_DECODE_TQ_SLABS64=0; the default takes warp slabs
@@ -292,8 +293,8 @@ def test_tensor_core_decode_does_not_spill(arch):
     # 16 x 1; "-tqp80": 4bit_nc at 8 x 1, head_dim 128, one tile at a time at four CTAs per SM
     # (KVKIT_DECODE_TQ_PAIRS8=0, A/B runs; the default 1 takes the tile pairs at three: 158-168
     # registers on sm_90); "-nv960": NVFP4 at head_dim 96 without its register runs
-    # (KVKIT_DECODE_NV96=0, A/B runs; the default 1 takes them, built at 4 x 1, 2 x 2, 16 x 1,
-    # 8 x 1 and 2 x 4 there); "-nv96p80": those runs' cp.async pairs up to 4 rows only
+    # (KVKIT_DECODE_NV96=0, A/B runs; the default 1 takes them, built at 4 x 1, 2 x 2, 16 x 1, 8 x 1
+    # and 2 x 4 there); "-nv96p80": those runs' cp.async pairs up to 4 rows only
     # (KVKIT_DECODE_NV96_PAIRS8=0, A/B runs; the default 1 takes them up to 8).
     switches = {
         "unpack0": ("KVKIT_DECODE_NVFP4_UNPACK", "0"),
@@ -357,6 +358,8 @@ def test_tensor_core_decode_does_not_spill(arch):
             shapes += ((8, 1, 64, "0"), (2, 2, 64, "1"), (16, 1, 64, "1"))
         if switch == "tq3o640":  # (the other head_dims' builds are the default's)
             shapes = tuple(x for x in shapes if x[2] == 64)
+        if switch == "runs" and name != "nvfp4":  # 96-byte / 192-byte rows (KVD_ROW_RUNS_EVEN)
+            shapes += ((4, 1, 96, "1"),)
         if switch == "tqp80":  # (only 5-8 rows at head_dim 128 differ from the default)
             shapes = ((8, 1, 128, "1"),)
         if name == "nvfp4" and switch in ("", "nv960"):  # head_dim 96

@@ -605,6 +605,20 @@ def test_row_run_copies_match_per_token_copies(cp, name, block_size, head_dim, m
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_ROW_RUNS", "1", "0")
 
 
+@pytest.mark.parametrize("name", ["fp8_e4m3", "fp16", "bf16"])
+@pytest.mark.parametrize("block_size", [16, 32, 128])
+def test_even_row_runs_match_per_token_copies(cp, name, block_size, monkeypatch):
+    """Row runs of rows with six / twelve 16-byte chunks (head_dim 96: fp8's 96-byte rows, fp16 /
+    bf16's 192-byte ones where the copy engine does not copy them) under
+    KVKIT_DECODE_ROW_RUNS_EVEN=1 (decode_core.cuh: each lane's staging offsets per copy)
+    against the per-token copies: the same staged bytes, so the same results bit for bit;
+    whole and cut tiles, pages of part of a tile, one and two tiles, one and three splits."""
+    monkeypatch.setenv("KVKIT_DECODE_ROW_RUNS_EVEN", "1")
+    case = Case(name, head_dim=96, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 3, 128], seed=block_size + 96)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_ROW_RUNS", "1", "0")
+
+
 @pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
                                   "turboquant_k8v4", "fp8_e4m3", "fp16", "bf16"])  # fmt: skip
 @pytest.mark.parametrize("group, q_len, window, sinks, softcap, block_size", [
