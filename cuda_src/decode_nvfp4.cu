@@ -392,17 +392,7 @@ __device__ __forceinline__ void kv_mma_vload(const unsigned char* const* rows, i
     // (Scale rows possibly unpadded, 6 bytes apart: byte loads, one byte permute.)
     raw[2] = __byte_perm(rows[3][g >> 1], rows[3][4 + (g >> 2)], 0x0040);
 }
-__device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
-                                             unsigned* w0, unsigned* w1) {
-    // Word j / 4 of both tokens, code bytes 2 q, 2 q + 1 (q = (j / 2) % 2; raw[1] has bytes 0
-    // and 1 only, j = 4, 5), as at D = 32..128; the scale byte of the pair's block.
-    const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], (j & 2) ? 0x7632 : 0x5410);
-    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(__byte_perm(ra[2], rb[2], j < 4 ? 0x0040 : 0x0051));
-    unsigned h[4];
-    kv_dc_e2m1x8_f16x2(e, h);
-    *w0 = kv_hmul2(h[2 * (j & 1)], sf);
-    *w1 = kv_hmul2(h[2 * (j & 1) + 1], sf);
-}
+// (kv_mma_vpair below: raw[1] has code bytes 0 and 1 only, read by pairs j = 4, 5.)
 #elif KV_HEAD_DIM == 32 || KV_HEAD_DIM == 64 || KV_HEAD_DIM == 128 || KV_HEAD_DIM == 256
 #define KV_MMA_V_REGS 1
 #define KV_MMA_VRAW (KV_HEAD_DIM == 256 ? 5 : 3)
@@ -446,6 +436,8 @@ __device__ __forceinline__ int kv_mma_vlane(int p, int g) {
     return p == 2 ? (VPL / 2) * g : (VPL * g) / KV_NVFP4_BLOCK;
 #endif
 }
+#endif
+#if KV_MMA_V_REGS
 // Elements 2j, 2j + 1 of the lane's run for tokens a (low halves) and b (high halves), as
 // kv_mma_v8 (value * 2^-8).
 __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned* rb, int j,
@@ -459,10 +451,12 @@ __device__ __forceinline__ void kv_mma_vpair(const unsigned* ra, const unsigned*
     const int o = j & 3;
     const unsigned e = __byte_perm(ra[j >> 2], rb[j >> 2], o | ((4 + o) << 8));
 #endif
-#if KV_HEAD_DIM == 256
-    // Dims 2 j, 2 j + 1 lie in the run's block j / 8 (scale byte j / 8).
-    const int b = j >> 3;
-    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(__byte_perm(ra[4], rb[4], b | ((4 + b) << 4)));
+#if KV_HEAD_DIM == 256 || KV_NVFP4_RUNS96
+    // Dims 2 j, 2 j + 1 lie in the run's block j / 8 (D = 256) or j / 4 (D = 96: blocks g / 2
+    // and 4 + g / 4, kv_mma_vload): scale byte b of the last raw word.
+    const int b = KV_HEAD_DIM == 256 ? j >> 3 : j >> 2;
+    const unsigned sf = kv_dc_nvfp4_sfw_f16x2(
+        __byte_perm(ra[KV_MMA_VRAW - 1], rb[KV_MMA_VRAW - 1], b | ((4 + b) << 4)));
 #else
     const unsigned sf = kv_dc_nvfp4_sf2_f16x2(ra[2], rb[2]);
 #endif
