@@ -76,6 +76,8 @@ def choose_num_splits(
     max_splits: int = MAX_SPLITS,
     min_split_tokens: int = 1,
     cta_overhead_tokens: int | None = None,
+    merge_overhead_tokens: int = 0,
+    fill_items: int = 1,
 ) -> int:
     """Number of splits per (sequence, KV head) for one decode step.
 
@@ -102,6 +104,14 @@ def choose_num_splits(
             times (tokens per split + cta_overhead_tokens), a work item's fixed cost in
             tokens' worth of streaming (ties: fewer splits). Workers that run items in
             waves (CUDA CTA slots) lose a whole wave to a small remainder; the model sees it.
+        merge_overhead_tokens: int >= 0, used with cta_overhead_tokens: the model's fixed
+            cost of splitting at all (the merge of partial states, a second kernel), in the
+            same tokens' worth, added to every count above 1 where batch x num_kv_heads >=
+            fill_items (below that, one split leaves workers idle and the merge is cheap
+            beside a lone item's streaming).
+        fill_items: int >= 1, used with cta_overhead_tokens: the items that give every
+            processor (SM) one; a count with fewer items x splits leaves some idle, and the
+            model scales its time by fill_items / (items x splits). 1: no such term.
 
     Returns:
         int in [1, min(max_splits, max(1, ceil(max_seq_len / block_size)))].
@@ -115,6 +125,8 @@ def choose_num_splits(
     min_split_tokens = check_int("min_split_tokens", min_split_tokens, 1)
     if cta_overhead_tokens is not None:
         cta_overhead_tokens = check_int("cta_overhead_tokens", cta_overhead_tokens, 0)
+    merge_overhead_tokens = check_int("merge_overhead_tokens", merge_overhead_tokens, 0)
+    fill_items = check_int("fill_items", fill_items, 1)
 
     n_pages = max(1, -(-max_seq_len // block_size))
     items = batch * num_kv_heads
@@ -122,7 +134,7 @@ def choose_num_splits(
     cap = max(1, min(max_splits, -(-n_pages // pages_per_unit)))
     if cta_overhead_tokens is not None:
         return _least_wave_time(items, n_pages, block_size, num_workers, cap,
-                                cta_overhead_tokens)  # fmt: skip
+                                cta_overhead_tokens, merge_overhead_tokens, fill_items)  # fmt: skip
     # Rounded down: a fraction of a wave more is a whole extra wave of (short) items.
     splits = min(max(1, (_TARGET_WAVES * num_workers) // items), cap)
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
@@ -133,15 +145,27 @@ def choose_num_splits(
 
 @lru_cache(maxsize=1024)
 def _least_wave_time(
-    items: int, n_pages: int, block_size: int, workers: int, cap: int, overhead: int
+    items: int,
+    n_pages: int,
+    block_size: int,
+    workers: int,
+    cap: int,
+    overhead: int,
+    merge: int = 0,
+    fill: int = 1,
 ) -> int:
     """choose_num_splits' wave model: the split count in [1, cap] (after the last-split
-    trimming) with the least waves x (tokens per split + overhead)."""
+    trimming) with the least waves x (tokens per split + overhead), times fill / (items x
+    splits) where that is above 1, plus merge above one split where items >= fill."""
     best_cost, best = None, 1
     for wanted in range(1, cap + 1):
         pages_per_split = -(-n_pages // wanted)
         splits = -(-n_pages // pages_per_split)
         cost = -(-(items * splits) // workers) * (pages_per_split * block_size + overhead)
+        if items * splits < fill:
+            cost = cost * fill / (items * splits)
+        if splits > 1 and items >= fill:
+            cost += merge
         if best_cost is None or cost < best_cost:
             best_cost, best = cost, splits
     return best

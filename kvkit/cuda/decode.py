@@ -891,13 +891,19 @@ STAGE1_LENS_ARG = 23
 
 #: The split heuristic on CUDA (kvkit.splits.choose_num_splits' wave model): stage-1 CTAs run
 #: in waves of SMs x resident CTAs, each costing its tokens plus SPLIT_OVERHEAD_TILES tiles'
-#: worth of prologue, and a split holds SPLIT_MIN_TILES tiles at least (the merge's share is
-#: not in the model). Fitted to graph-replay sweeps on the H200 (scripts/split_sweep.py,
-#: 2026-11-29; fp16 / fp8 / NVFP4 / k8v4 / 4bit_nc): B=1 T=4096 best at 32 splits (64 were
-#: 8-13% slower), B=1 T=32768 at 64 (128: 14-20% slower), B=8 T=4096 at 8 (16: 13-18%
-#: slower), B=64 T=8192 at 1 split for the quantized formats (4 CTAs per SM, 512 items fill a
-#: wave) but 3-4 for fp16 (3 CTAs per SM: 1 split leaves a 30% wave, 945 vs 800-816 us).
-SPLIT_OVERHEAD_TILES = 1
+#: worth of fixed work, splitting at all costs SPLIT_MERGE_TILES tiles more (the merge), and a
+#: split holds SPLIT_MIN_TILES tiles at least (the merge term only where B x Hkv >= SMs).
+#: Session 25 refit (benchmarks/NOTES.md v25) to graph-replay split sweeps on the H200 (94
+#: format x shape rows: fp16 / bf16 / fp8 / NVFP4 / k8v4 / 4bit_nc / 3bit_nc, B 1..96, T
+#: 1024..131072, G 4 / 8 / 16, D 64 / 128 / 256, 10-14 split counts each). The earlier one-tile
+#: overhead without a merge cost (fitted to B = 1 / 8 / 64 only) took several waves of short
+#: CTAs over one wave of long ones at middle batches: B 24 T 4096 picked 8 splits (NVFP4 56.2
+#: us; 2 splits 45.4), B 48 picked 4 (92.7; 1 split 77.2), 4bit_nc at G = 8 picked 3 (86.8;
+#: 1 split 75.3). Mean time over the best count measured: 3.7% -> 2.4% (the 94 rows), and the
+#: counts at B = 1 and wherever one wave holds every split are unchanged (the cost only moves
+#: between wave counts). Overheads from 7 to 11 tiles with merges of 13 to 9 fit about equally.
+SPLIT_OVERHEAD_TILES = 10
+SPLIT_MERGE_TILES = 11
 SPLIT_MIN_TILES = 2
 
 
@@ -927,7 +933,8 @@ def _default_splits(
 ) -> int:
     """The split heuristic over this device: SMs x resident stage-1 CTAs as workers,
     max_blocks * block_size as the length (no host read of seq_lens), the wave model with
-    SPLIT_OVERHEAD_TILES and SPLIT_MIN_TILES tiles of tokens as the least split."""
+    SPLIT_OVERHEAD_TILES and SPLIT_MERGE_TILES, and SPLIT_MIN_TILES tiles of tokens as the least
+    split."""
     sms, _ = _device_limits()
     bs = layer.block_size
     return choose_num_splits(
@@ -935,6 +942,7 @@ def _default_splits(
         num_workers=sms * _resident_ctas(func, threads, smem),
         max_splits=MAX_SPLITS, min_split_tokens=SPLIT_MIN_TILES * tile,
         cta_overhead_tokens=SPLIT_OVERHEAD_TILES * tile,
+        merge_overhead_tokens=SPLIT_MERGE_TILES * tile, fill_items=sms,
     )  # fmt: skip
 
 
