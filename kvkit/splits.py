@@ -17,8 +17,9 @@ __all__ = ["MAX_SPLITS", "choose_num_splits", "page_range", "split_page_range"]
 #: (batch, heads, max_blocks * block_size, never the device-side seq_lens), so a planned step
 #: (kvkit.DecodePlan) keeps its grid and partial buffers across CUDA-graph replays. One
 #: sequence with 8 KV heads on an H200 (132 SMs x 4 resident stage-1 CTAs) fills its 528 CTA
-#: slots with 66 splits; a cap of 32 left half of them empty at B = 1 (256 CTAs, measured
-#: 16-21% of copy bandwidth at (1, 131072)); 128 leaves room for models with fewer KV heads.
+#: slots with 64 splits (512 CTAs); a cap of 32 left half of them empty at B = 1 (256 CTAs,
+#: measured 16-21% of copy bandwidth at (1, 131072)); 128 leaves room for models with fewer
+#: KV heads.
 MAX_SPLITS = 128
 
 #: Work items per worker the heuristic aims for: more than one wave hides the tail of
@@ -98,7 +99,8 @@ def choose_num_splits(
         max_splits: int >= 1, the cap (the partial buffers' split axis is sized by it).
         min_split_tokens: int >= 1, the least tokens per split worth launching; splits
             hold whole pages, so the cap is ceil(n_pages / ceil(min_split_tokens /
-            block_size)).
+            block_size)). With cta_overhead_tokens the model also gives each split whole
+            units of that many pages.
         cta_overhead_tokens: None, or int >= 0: instead of aiming for `_TARGET_WAVES`, pick the
             count with the least modelled time, ceil(items x splits / num_workers) waves
             times (tokens per split + cta_overhead_tokens), a work item's fixed cost in
@@ -134,7 +136,8 @@ def choose_num_splits(
     cap = max(1, min(max_splits, -(-n_pages // pages_per_unit)))
     if cta_overhead_tokens is not None:
         return _least_wave_time(items, n_pages, block_size, num_workers, cap,
-                                cta_overhead_tokens, merge_overhead_tokens, fill_items)  # fmt: skip
+                                cta_overhead_tokens, merge_overhead_tokens, fill_items,
+                                pages_per_unit)  # fmt: skip
     # Rounded down: a fraction of a wave more is a whole extra wave of (short) items.
     splits = min(max(1, (_TARGET_WAVES * num_workers) // items), cap)
     # E.g. 10 pages in 4 splits gives 3 pages per split and 4 non-empty splits, but 10 pages
@@ -153,13 +156,18 @@ def _least_wave_time(
     overhead: int,
     merge: int = 0,
     fill: int = 1,
+    unit: int = 1,
 ) -> int:
     """choose_num_splits' wave model: the split count in [1, cap] (after the last-split
     trimming) with the least waves x (tokens per split + overhead), times fill / (items x
-    splits) where that is above 1, plus merge above one split where items >= fill."""
+    splits) where that is above 1, plus merge above one split where items >= fill. Splits
+    hold whole units of `unit` pages (a CTA's work comes in units of min_split_tokens: a
+    part unit costs a whole one), so e.g. 8192 pages in units of 8 take 64 splits of 128
+    pages rather than 66 of 125."""
     best_cost, best = None, 1
     for wanted in range(1, cap + 1):
         pages_per_split = -(-n_pages // wanted)
+        pages_per_split = -(-pages_per_split // unit) * unit
         splits = -(-n_pages // pages_per_split)
         cost = -(-(items * splits) // workers) * (pages_per_split * block_size + overhead)
         if items * splits < fill:

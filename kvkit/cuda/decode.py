@@ -893,14 +893,15 @@ STAGE1_LENS_ARG = 23
 #: in waves of SMs x resident CTAs, each costing its tokens plus SPLIT_OVERHEAD_TILES tiles'
 #: worth of fixed work; splitting at all costs SPLIT_MERGE_TILES tiles more (the merge) where
 #: B x Hkv items already give every SM a CTA; fewer CTAs than SMs scale the time by SMs / CTAs;
-#: a split holds SPLIT_MIN_TILES tiles at least.
+#: a split holds whole units of SPLIT_MIN_TILES tiles.
 #: Session 25 refit (benchmarks/NOTES.md v25) to graph-replay split sweeps on the H200 (119
 #: format x shape rows: fp16 / bf16 / fp8 / NVFP4 / k8v4 / 4bit_nc / 3bit_nc, B 1..96, T
 #: 1024..131072, G 4 / 8 / 16, D 64 / 128 / 256, 10-14 split counts each). The earlier one-tile
 #: overhead without the merge (fitted to B = 1 / 8 / 64 only) took several waves of short CTAs
 #: over one wave of long ones at middle batches: B 24 T 4096 picked 8 splits (NVFP4 56.2 us;
 #: 2 splits 45.4), B 48 picked 4 (92.7; 1 split 77.2), 4bit_nc at G = 8 picked 3 (86.8; 1
-#: split 75.3). Mean time over each row's best count: 3.9% -> 2.2%. Counts with fewer items
+#: split 75.3); B 1 T 131072 took 66 splits of 125 pages, now 64 of 128 (-1 to -4%). Mean
+#: time over each row's best count: 3.9% -> 2.2%. Counts with fewer items
 #: than SMs that one wave holds (B = 1) are unchanged. Overheads of 6 to 10 tiles with merges
 #: of 16 to 11 fit alike (2.2%); the overhead alone, 2.6%.
 SPLIT_OVERHEAD_TILES = 10
