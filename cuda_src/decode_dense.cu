@@ -127,8 +127,23 @@ __device__ __forceinline__ void kv_mma_vpair_finite(const unsigned* ra, const un
 // bf16 ones are bf16 mma operands (decode_mma.cuh KV_MMA_BF16).
 #define KV_MMA_K_DIRECT 1
 #define KV_MMA_V_DIRECT 1
-// Latency-bound (decode_core.cuh KV_BULK_COPIES): rows by the copy engine.
+// Tile copies on sm_90+ (decode_core.cuh KV_BULK_COPIES; KVKIT_DECODE_DENSE_BULK, env of the
+// same name, kvkit/cuda/decode.py; A/B builds): 1 rows by the copy engine, one bulk copy per
+// token row (kv_bulk_run), 0 the cp.async path (row runs, the build sm_80 runs). Default 0
+// below head_dim 128 on sm_90 / sm_100, where a row is 64..224 bytes and the per-row copies'
+// issue dominates (measured on the H200, session 25, call 6; graph ms, native copy engine
+// against the cp.async path through KVKIT_ARCH=sm_80, two runs each: fp16 at D = 64 (32,
+// 4096) 0.0840 / 0.0847 -> 0.0728 / 0.0731, (64, 8192) 0.3070 / 0.3073 -> 0.2605 / 0.2600,
+// (16, 4096) -11%, (1, 32768) -8%; D = 96 (32, 4096) -2 to -3%; D = 128 +2.5%), 1 elsewhere
+// (sm_120's not measured).
+#if defined(KVKIT_DECODE_DENSE_BULK)
+#define KV_DENSE_BULK KVKIT_DECODE_DENSE_BULK
+#else
+#define KV_DENSE_BULK (KV_HEAD_DIM >= 128 || KVKIT_ARCH >= 1200)
+#endif
+#if KV_DENSE_BULK
 #define KV_BULK_COPIES 1
+#endif
 #define KV_MMA_BF16 KV_DENSE_BF16
 #endif
 

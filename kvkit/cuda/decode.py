@@ -417,6 +417,10 @@ _FAMILY_SWITCHES = (
     # NVFP4's tile copies on sm_90+: warp slabs by the copy engine (1) or cp.async (0)
     # (decode_nvfp4.cu KV_NVFP4_BULK).
     ("KVKIT_DECODE_NVFP4_BULK", ("0", "1"), ("nvfp4",)),
+    # fp16 / bf16 tile copies on sm_90+: rows by the copy engine (1) or the cp.async path with
+    # row runs (0, the default below head_dim 128 on sm_90 / sm_100) (decode_dense.cu
+    # KV_DENSE_BULK).
+    ("KVKIT_DECODE_DENSE_BULK", ("0", "1"), ("dense",)),
     # NVFP4's tensor-core tile: nvdec2's (1) or session 10's (0) (decode_nvfp4.cu KV_NVFP4_REV).
     ("KVKIT_DECODE_NVFP4_REV", ("0", "1"), ("nvfp4",)),
     # NVFP4's warp slabs up to 8 or 16 query rows (decode_nvfp4.cu KV_NVFP4_SLAB_ROWS).

@@ -109,7 +109,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                                "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_TQ17",
                                "KVKIT_DECODE_TQ_PV16"},
         "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2"},
-        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2"},
+        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_DENSE_BULK"},
     }  # fmt: skip
     expect["turboquant_k8v4"] = expect["turboquant_4bit_nc"] | {"KVKIT_DECODE_FP8_NANTILE"}
     for name, wanted in expect.items():

@@ -585,6 +585,19 @@ def test_warp_run_bulk_copies_match_per_thread_copies(cp, name, block_size, monk
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_BULK_RUNS", None, "0")
 
 
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("block_size", [16, 128])
+def test_dense_copy_engine_and_cp_async_builds_agree(cp, name, head_dim, block_size, monkeypatch):
+    """KVKIT_DECODE_DENSE_BULK: fp16 / bf16 tiles by the copy engine (1, the default from
+    head_dim 128 on sm_90+) or by cp.async row runs (0, the default below 128 on sm_90 /
+    sm_100). The same staged bytes and the same single-tile loop, so the same bits, with
+    whole and cut-short page runs; on GPUs without bulk copies both are the cp.async build."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 37, 3], seed=head_dim + block_size)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_DENSE_BULK", "0", "1")
+
+
 @pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "nvfp4"])
 @pytest.mark.parametrize("block_size", [16, 32, 128])
 @pytest.mark.parametrize("head_dim", [64, 128, 256])
