@@ -24,10 +24,13 @@ the staging budget per CTA and ``KVKIT_DECODE_MIN_BLOCKS`` (1-8) the resident CT
 the register cap is set for, both for tuning sweeps; ``KVKIT_DECODE_MASK_ALL=1`` sends every tile of
 the tensor-core stage 1 through the masked softmax, which fully visible tiles skip: tests
 compare the two bit for bit; ``KVKIT_DECODE_BULK_RUNS=0`` copies the bulk row planes of fp16 /
-bf16 per thread instead of one warp per 16-token page run, and ``KVKIT_DECODE_NVFP4_UNPACK=0`` /
-``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1, pair by pair / eight codes at
-once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` / ``1`` picks NVFP4's tile copies
-on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by the copy engine (the default),
+bf16 per thread instead of one warp per 16-token page run; ``KVKIT_DECODE_DENSE_BULK=0`` / ``1``
+picks fp16 / bf16 tile copies on sm_90+, cp.async row runs (the default below head_dim 128 on
+sm_90 / sm_100) / the copy engine (the default elsewhere), same bits; and
+``KVKIT_DECODE_NVFP4_UNPACK=0`` / ``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1,
+pair by pair / eight codes at once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` /
+``1`` picks NVFP4's tile copies on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by
+the copy engine (the default),
 same staged bytes; ``KVKIT_DECODE_NVFP4_REV=0`` / ``1`` picks NVFP4's tensor-core tile, the
 session-10 one / nvdec2's (the default: hardware block scales without a multiply, value codes
 in one copy per warp and the warp's tokens in a bank-friendly order; float32 rounding apart,
