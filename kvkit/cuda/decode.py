@@ -908,8 +908,9 @@ STAGE1_LENS_ARG = 23
 #: over one wave of long ones at middle batches: B 24 T 4096 picked 8 splits (NVFP4 56.2 us;
 #: 2 splits 45.4), B 48 picked 4 (92.7; 1 split 77.2), 4bit_nc at G = 8 picked 3 (86.8; 1
 #: split 75.3); B 1 T 131072 took 66 splits of 125 pages, now 64 of 128 (-1 to -4%). Mean
-#: time over each row's best count: 3.9% -> 2.2%. At B = 1 only the whole units move counts
-#: (66 -> 64; at 3 / 5 CTAs per SM e.g. 49 -> 43, 82 -> 64: measured level or faster).
+#: time over each row's best count: 3.9% -> 2.2%. At B = 1 the whole units move counts (66 ->
+#: 64; at 3 / 5 CTAs per SM e.g. 49 -> 43, 82 -> 64: measured level or faster), and at one CTA
+#: per SM (fp16 / bf16 at D = 256) two waves become one (33 -> 16 from T 65536; not measured).
 #: Overheads of 6 to 10 tiles with merges of 16 to 11 fit alike (2.2%); the overhead alone,
 #: 2.6%.
 SPLIT_OVERHEAD_TILES = 10
