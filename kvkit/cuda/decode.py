@@ -939,21 +939,31 @@ def merge_block(num_splits: int, head_dim: int) -> tuple[int, int, int]:
     return cg, nsg, -(-groups // cg)
 
 
-def _default_splits(
-    layer, batch: int, max_blocks: int, func, threads: int, smem: int, tile: int
-) -> int:
-    """The split heuristic over this device: SMs x resident stage-1 CTAs as workers,
-    max_blocks * block_size as the length (no host read of seq_lens), the wave model with
-    SPLIT_OVERHEAD_TILES and SPLIT_MERGE_TILES, and SPLIT_MIN_TILES tiles of tokens as the least
-    split."""
-    sms, _ = _device_limits()
-    bs = layer.block_size
+def split_count(
+    batch: int, num_kv_heads: int, max_tokens: int, block_size: int, sms: int, resident: int,
+    tile: int,
+) -> int:  # fmt: skip
+    """The CUDA split heuristic (kvkit.splits.choose_num_splits' wave model with the constants
+    above) for a stage-1 build that holds ``resident`` CTAs per SM on ``sms`` SMs and works in
+    tiles of ``tile`` tokens, for ``batch`` sequences of at most ``max_tokens`` tokens."""
     return choose_num_splits(
-        batch, layer.num_kv_heads, max_blocks * bs, bs,
-        num_workers=sms * _resident_ctas(func, threads, smem),
+        batch, num_kv_heads, max_tokens, block_size, num_workers=sms * resident,
         max_splits=MAX_SPLITS, min_split_tokens=SPLIT_MIN_TILES * tile,
         cta_overhead_tokens=SPLIT_OVERHEAD_TILES * tile,
         merge_overhead_tokens=SPLIT_MERGE_TILES * tile, fill_items=sms,
+    )  # fmt: skip
+
+
+def _default_splits(
+    layer, batch: int, max_blocks: int, func, threads: int, smem: int, tile: int
+) -> int:
+    """``split_count`` over this device: its SMs, the build's resident stage-1 CTAs, and
+    max_blocks * block_size as the length (no host read of seq_lens)."""
+    sms, _ = _device_limits()
+    bs = layer.block_size
+    return split_count(
+        batch, layer.num_kv_heads, max_blocks * bs, bs, sms,
+        _resident_ctas(func, threads, smem), tile,
     )  # fmt: skip
 
 
