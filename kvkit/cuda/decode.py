@@ -30,10 +30,10 @@ sm_90 / sm_100) / the copy engine (the default elsewhere), same bits; and
 ``KVKIT_DECODE_NVFP4_UNPACK=0`` / ``1`` picks NVFP4's E2M1 unpacking in the tensor-core stage 1,
 pair by pair / eight codes at once (the default), same bits; ``KVKIT_DECODE_NVFP4_BULK=0`` /
 ``1`` picks NVFP4's tile copies on sm_90+ at head_dim 128, cp.async pieces / per-warp slabs by
-the copy engine (the default),
-same staged bytes; ``KVKIT_DECODE_NVFP4_REV=0`` / ``1`` picks NVFP4's tensor-core tile, the
-session-10 one / nvdec2's (the default: hardware block scales without a multiply, value codes
-in one copy per warp and the warp's tokens in a bank-friendly order; float32 rounding apart,
+the copy engine (the default), same staged bytes; ``KVKIT_DECODE_NVFP4_REV=0`` / ``1`` picks
+NVFP4's tensor-core tile, the session-10 one / nvdec2's (the default: hardware block scales
+without a multiply, value codes in one copy per warp and the warp's tokens in a bank-friendly
+order; float32 rounding apart,
 the same attention); ``KVKIT_DECODE_ROW_RUNS=0`` / ``1`` turns the row runs of the cp.async row
 copies off / on for every format (default: ``row_runs_default``; same
 bits either way; no effect where the copy engine copies); ``KVKIT_DECODE_TQ_VARIANT=0`` / ``1``

@@ -198,6 +198,41 @@ def test_decodes_without_a_softcap_take_the_build_without_its_tanh(monkeypatch, 
         _stage1_defines(monkeypatch, name, softcap=False)
 
 
+def test_split_count_worked_by_hand():
+    # The constants: 64-token tiles, two per split at least, ten tiles of fixed work per CTA
+    # and eleven for splitting at all (the merge, only where 8 B >= 132 items fill the SMs);
+    # 132 SMs x R resident CTAs; fewer than 132 CTAs scale the time by 132 / CTAs. Expected
+    # counts worked by hand from
+    # ceil(8 B s / 132 R) * (tokens per split + 640) [* 132 / 8 B s] [+ 704].
+    from kvkit.cuda import decode as cuda_decode
+
+    consts = (cuda_decode.SPLIT_OVERHEAD_TILES, cuda_decode.SPLIT_MERGE_TILES,
+              cuda_decode.SPLIT_MIN_TILES)  # fmt: skip
+    assert consts == (10, 11, 2)
+
+    def cuda(batch, tokens, resident=4):
+        return split_count(batch, 8, tokens, 16, 132, resident, 64)
+
+    # One wave holds every count up to the floor or the wave's end: the largest, as before.
+    assert cuda(1, 4096) == 32  # 1 x (128 + 640); 16 splits: (256 + 640) * 132 / 128
+    assert cuda(1, 32768) == 64  # 1 x (512 + 640); 128 splits: 2 waves
+    # Whole 8-page units per split: 8192 pages in 64 splits of 128, not 66 of 125 (measured
+    # on the H200: NVFP4 60.1 -> 59.1 us, fp8 79.7 -> 76.9).
+    assert cuda(1, 131072) == 64
+    assert cuda(8, 8192) == 8  # 1 x (1024 + 640); 16 splits: 2 x 1152
+    # Middle batches: one wave of long CTAs over several waves of short ones (measured on the
+    # H200, NVFP4: B 24 at 2 splits 45.4 us where 8 took 56.2; B 48 at 1 split 77.2 / 4 92.7).
+    assert cuda(24, 4096) == 2  # 1 x 2688 + 704 = 3392; 1: 4736; 4: 2 x 1664 + 704 = 4032
+    assert cuda(48, 4096) == 1  # 4736; 2 splits: 2 x 2688 + 704 = 6080
+    assert cuda(64, 8192) == 1
+    # 3 CTAs per SM (396 slots): 3 splits, 4 x 3376 + 704 = 14208; 1 split 2 x 8832 = 17664,
+    # 2 splits 3 x 4736 + 704 = 14912.
+    assert cuda(64, 8192, resident=3) == 3
+    # 1 CTA per SM (bf16 at head_dim 256), B 12: one split's 96 CTAs leave 36 SMs idle,
+    # 4736 * 132 / 96 = 6512; 4 splits 3 x 1664 = 4992 (measured 136.8 / 117.2 us).
+    assert cuda(12, 4096, resident=1) == 4
+
+
 def test_split_heuristic_on_the_measured_sweeps():
     """The CUDA split heuristic (split_count) on the H200 split sweeps committed with it (119
     format x shape rows, graph-replay us per split count; the constants were chosen on these
