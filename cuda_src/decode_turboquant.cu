@@ -79,14 +79,25 @@ __device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d, co
 #define KV_FAMILY_TABLE_FLOATS (1 << TQ_KEY_BITS)
 #include "common/tq_signs.cuh"
 
-__constant__ float kv_tq_centroids[1 << TQ_KEY_BITS] = TQ_CENTROIDS;
+// The codebook as compile-time values: each CTA's prologue builds its shared table from
+// immediates, not from __constant__ memory, whose first load of a launch missed and sat on the
+// path to the first tile (the tensor-core table build: ~430 -> ~100 cycles of CTA 0's
+// prologue at B = 1 by clock64; H200, benchmarks/NOTES.md v26).
+struct KvTqCodebook {
+    float c[1 << TQ_KEY_BITS];
+};
 // The query's rotation signs (s * q before the FWHT): x with its sign bit flipped where
-// s_d = -1, from the mask word of d (one address for a warp's 32 consecutive d).
+// s_d = -1 (tq_signs.cuh: the mask word as an immediate).
 __device__ __forceinline__ float kv_family_q_signed(float x, int d) { return kv_tq_signed(x, d); }
 
-// The codebook goes to shared memory: per-lane indices into __constant__ would serialize.
+// The codebook goes to shared memory: per-lane table indices. Each code's store is its own
+// compile-time branch (a runtime index into the constant values would put them in local
+// memory).
 __device__ __forceinline__ void kv_family_init_table(float* table, int tid) {
-    if (tid < (1 << TQ_KEY_BITS)) table[tid] = kv_tq_centroids[tid];
+    constexpr KvTqCodebook cb = {TQ_CENTROIDS};
+#pragma unroll
+    for (int k = 0; k < (1 << TQ_KEY_BITS); ++k)
+        if (tid == k) table[k] = cb.c[k];
 }
 
 __device__ __forceinline__ float4 kv_tq_key4(const unsigned char* row, int d,
@@ -363,27 +374,58 @@ __host__ __device__ constexpr int kv_tq_unit(int s) {
 #define KV_TQ_RUN_WORDS ((KV_TQ_RUN_BYTES + 3) / 4)
 #define KV_MMA_KRAW KV_TQ_RUN_WORDS
 static_assert(KV_TQ_KPL % 8 == 0, "lane runs of whole bytes");
-// Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
-__device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
+// floor(log2 x) as kv_ilog2 reads a float's biased exponent (-127 below the normal range),
+// by constant evaluation.
+__host__ __device__ constexpr int kv_ilog2_cf(float x) {
+    if (x < 1.17549435e-38f) return -127;
+    int e = 0;
+    while (x >= 2.f) {
+        x *= 0.5f;
+        ++e;
+    }
+    while (x < 1.f) {
+        x *= 2.f;
+        --e;
+    }
+    return e;
+}
+// The table's power of two e: max |c| to [2^14, 2^15), clamped to [-100, 100].
+__host__ __device__ constexpr int kv_tq_table_exp() {
+    constexpr KvTqCodebook cb = {TQ_CENTROIDS};
     float mx = 0.f;
+    for (int i = 0; i < KV_TQ_CODES; ++i) {
+        const float a = cb.c[i] < 0.f ? -cb.c[i] : cb.c[i];
+        mx = a > mx ? a : mx;
+    }
+    const int e = mx > 0.f ? 14 - kv_ilog2_cf(mx) : 0;
+    return e < -100 ? -100 : (e > 100 ? 100 : e);
+}
+// Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
+// Warp w writes the 32 lanes' words of codes w, w + NW, ...: each code a compile-time branch
+// of the unrolled loop, so its centroid is an immediate (a runtime code index into the
+// constant values would put them in local memory).
+__device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
+    constexpr KvTqCodebook cb = {TQ_CENTROIDS};
+    enum : int { E = kv_tq_table_exp() };
+    const float f = kv_pow2(E);
+    const int warp = tid / 32;
+    const int lane = tid & 31;
+    const int nw = nthreads / 32;
 #pragma unroll
-    for (int i = 0; i < KV_TQ_CODES; ++i) mx = fmaxf(mx, fabsf(kv_tq_centroids[i]));
-    int e = mx > 0.f ? 14 - kv_ilog2(mx) : 0;
-    e = e < -100 ? -100 : (e > 100 ? 100 : e);
-    const float f = kv_pow2(e);
-    for (int k = tid; k < KV_TQ_CODES * 32; k += nthreads) {
+    for (int code = 0; code < KV_TQ_CODES; ++code) {
+        if (code % nw != warp) continue;
         unsigned hi, lo;
-        kv_split_f16x2(kv_tq_centroids[k >> 5] * f, 0.f, &hi, &lo);
+        kv_split_f16x2(cb.c[code] * f, 0.f, &hi, &lo);
         const unsigned w = (hi & 0xFFFFu) | (lo << 16);
 #if TQ_KEY_BITS == 3
 #pragma unroll
         for (int s = 7; s <= 10; ++s)
-            table[(kv_tq_unit(s) + ((k >> 5) << (s - 7))) * 32 + (k & 31)] = w;
+            table[(kv_tq_unit(s) + (code << (s - 7))) * 32 + lane] = w;
 #else
-        table[(k >> 5) * 64 + (k & 31)] = w;
+        table[code * 64 + lane] = w;
 #endif
     }
-    return kv_pow2(-e);
+    return kv_pow2(-E);
 }
 __device__ __forceinline__ int kv_mma_kpos(int ks, int j) { return 2 * ks + j; }
 // -DKVKIT_DECODE_K3V4 (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build before): k3v4_nc at

@@ -774,6 +774,33 @@ __device__ __forceinline__ void kv_fwht_rows_warp(float* rows, int warp, int lan
 }
 #endif
 
+// -DKVKIT_DECODE_EARLY_ISSUE (kvkit/cuda/decode.py; A/B runs; default 1; 0 is the build
+// before): 1 issues the prologue's tile copies right after the pages are looked up, behind a
+// CTA barrier of their own, instead of after the query rows and the family table. Why: a CTA's
+// path to its first tile ran query arrival -> rows (TurboQuant: signs) -> table -> barrier ->
+// copies -> copy latency; the copies do not read the rows (the float rows of QF_IN_STAGE live
+// in the last stage, which the prologue does not copy), so their latency can run under the
+// rows' work. Measured on the H200 (benchmarks/NOTES.md v26, call 5; graph us, 0 -> 1):
+// turboquant_4bit_nc (1, 4096) 10.65 -> 10.34, (1, 32768) 24.17 -> 23.80, (8, 8192) 37.91 ->
+// 37.37; 3bit_nc (1, 32768) 23.18 -> 22.66; NVFP4 (1, 4096) 9.59 -> 9.46, (8, 8192) 34.36 ->
+// 34.13; fp8 / k8v4 and the large shapes level.
+#ifdef KVKIT_DECODE_EARLY_ISSUE
+#define KVD_EARLY_ISSUE KVKIT_DECODE_EARLY_ISSUE
+#else
+#define KVD_EARLY_ISSUE 1
+#endif
+// The prologue's copies: tiles 0 .. STAGES - 2 (tile pairs of slab launches: 0 .. STAGES - 3;
+// their first pair issues tiles STAGES - 2 and STAGES - 1).
+__device__ __forceinline__ void kv_issue_prologue_tiles(KvTilePipe& pipe, KV_PLANE_PARAM_DECL) {
+#if KVD_TILE_PAIRS
+    const int n_pro = pipe.slabs ? kvd::STAGES - 2 : kvd::STAGES - 1;
+#else
+    constexpr int n_pro = kvd::STAGES - 1;
+#endif
+#pragma unroll 1
+    for (int j = 0; j < n_pro; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+}
+
 // The stage-1 body on tensor cores (parameters: KV_STAGE1_BODY_PARAMS).
 __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
     using namespace kvm;
@@ -852,6 +879,13 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 
     if (n_tiles > 0) {  // uniform over the CTA
         pipe.prologue_pages();
+#if KVD_EARLY_ISSUE
+        // The first tiles' copies before the query rows: a barrier publishes the pipe's
+        // mbarriers and page ring, and the copies then fly while the rows are signed, rotated
+        // and split (KVKIT_DECODE_EARLY_ISSUE, below).
+        __syncthreads();
+        kv_issue_prologue_tiles(pipe, KV_PLANE_PARAMS);
+#endif
         // --- query rows (zero padding rows R..15), family table ----------------------------
 #pragma unroll
         for (int k = 0; k < QPT; ++k) {
@@ -870,14 +904,8 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
         kfac = kv_mma_init_table(tab_s, tid, THREADS);
 #endif
         __syncthreads();
-#if KVD_TILE_PAIRS
-        // Tile pairs (slab launches): the first pair issues tiles STAGES - 2 and STAGES - 1.
-        const int n_pro = pipe.slabs ? STAGES - 2 : STAGES - 1;
-#pragma unroll 1
-        for (int j = 0; j < n_pro; ++j) pipe.issue(j, KV_PLANE_PARAMS);
-#else
-#pragma unroll 1
-        for (int j = 0; j < STAGES - 1; ++j) pipe.issue(j, KV_PLANE_PARAMS);
+#if !KVD_EARLY_ISSUE
+        kv_issue_prologue_tiles(pipe, KV_PLANE_PARAMS);
 #endif
 #if KV_ROTATE_Q
         kv_fwht_rows_warp(qf_s, warp, lane);

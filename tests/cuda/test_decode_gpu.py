@@ -454,6 +454,9 @@ _TILE_LOOP_SWITCHES = {
     "KVKIT_DECODE_TQ_VARIANT",
     # The cp.async path's warp-local tile loop (single-tile builds only: no bulk copies).
     "KVKIT_DECODE_CP_ASYNC_V2",
+    # The prologue copies' place (both loops have the one prologue; the table test of the
+    # switch runs pairs too).
+    "KVKIT_DECODE_EARLY_ISSUE",
 }
 
 
@@ -596,6 +599,35 @@ def test_dense_copy_engine_and_cp_async_builds_agree(cp, name, head_dim, block_s
     case = Case(name, head_dim=head_dim, hkv=2, group=4, q_len=1, block_size=block_size,
                 seq_lens=[5 * block_size + 9, 37, 3], seed=head_dim + block_size)  # fmt: skip
     assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_DENSE_BULK", "0", "1")
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "turboquant_3bit_nc",
+                                  "turboquant_k3v4_nc", "turboquant_k8v4", "fp8_e4m3", "fp16",
+                                  "bf16"])  # fmt: skip
+@pytest.mark.parametrize("head_dim, group, q_len, block_size, pairs", [
+    (128, 4, 1, 16, True), (128, 4, 1, 128, False), (64, 8, 1, 32, True), (256, 2, 1, 16, True),
+    (128, 2, 4, 64, True), (128, 16, 1, 16, False),
+])  # fmt: skip
+def test_early_prologue_copies_match_the_build_before(
+    cp, name, head_dim, group, q_len, block_size, pairs, monkeypatch
+):
+    """KVKIT_DECODE_EARLY_ISSUE=1 (the default) issues the tensor-core stage 1's prologue tile
+    copies before the query rows, =0 after them (decode_mma.cuh KVD_EARLY_ISSUE): the same
+    copies into the same stages, so the same bits, with tile pairs and single-tile loops, warp
+    slabs, page runs and cp.async copies, ragged and one-tile sequences, 1 and 3 splits."""
+    case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
+                seq_lens=[5 * block_size + 9, 300, 37, 5],
+                seed=head_dim + block_size + group)  # fmt: skip
+    assert_builds_agree(case, monkeypatch, "KVKIT_DECODE_EARLY_ISSUE", "1", "0", pairs=pairs)
+
+
+@pytest.mark.parametrize("name", ["nvfp4", "turboquant_4bit_nc", "fp8_e4m3"])
+@pytest.mark.parametrize("block_size", [16, 64])
+def test_early_prologue_copies_flag_bad_pages_as_before(cp, name, block_size, monkeypatch):
+    """Bad block-table entries under KVKIT_DECODE_EARLY_ISSUE=1 and =0: the same flag and the
+    same outputs, bit for bit (assert_bad_pages_agree)."""
+    assert_bad_pages_agree(name, block_size, 7 + block_size, monkeypatch,
+                           "KVKIT_DECODE_EARLY_ISSUE")  # fmt: skip
 
 
 @pytest.mark.parametrize("name", ["fp16", "bf16", "fp8_e4m3", "nvfp4"])
