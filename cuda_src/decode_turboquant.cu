@@ -400,6 +400,11 @@ __host__ __device__ constexpr int kv_tq_table_exp() {
     const int e = mx > 0.f ? 14 - kv_ilog2_cf(mx) : 0;
     return e < -100 ? -100 : (e > 100 ? 100 : e);
 }
+// The prologue copies before the query rows (decode_mma.cuh KVD_EARLY_ISSUE) but for the
+// codebook presets at head_dim 64: there ptxas laid out the tile-pair loop up to 35
+// instructions longer (sm_90: k3v4_nc at G = 4 953 -> 988, 3bit_nc at G = 8 982 -> 1001) and
+// k3v4_nc measured 5% slower at (32, 4096) (H200, benchmarks/NOTES.md v26).
+#define KV_EARLY_ISSUE_DEFAULT (TQ_KEY_FP8 || KV_HEAD_DIM >= 128)
 // Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
 // Warp w writes the 32 lanes' words of codes w, w + NW, ...: each code a compile-time branch
 // of the unrolled loop, so its centroid is an immediate (a runtime code index into the
