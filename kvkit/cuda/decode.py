@@ -523,8 +523,9 @@ _FAMILY_SWITCHES = (
     # CTA barrier per tile (0) (decode_core.cuh KVD_CP_WARP_PIPE, KVD_CP_RINGLESS,
     # KVD_CP_PAIRS; default 2, NVFP4's 3, fp8's 0).
     ("KVKIT_DECODE_CP_ASYNC_V2", ("0", "1", "2", "3", "4"), _EVERY_FAMILY),
-    # The tensor-core stage 1's prologue copies before the query rows (1, the default) or after
-    # them and the family table (0, the build before) (decode_mma.cuh KVD_EARLY_ISSUE).
+    # The tensor-core stage 1's prologue copies before the query rows (1, the default but for
+    # TurboQuant's codebook presets at head_dim 64) or after them and the family table (0, the
+    # build before) (decode_mma.cuh KVD_EARLY_ISSUE, decode_turboquant.cu).
     ("KVKIT_DECODE_EARLY_ISSUE", ("0", "1"), _EVERY_FAMILY),
 )
 

@@ -611,8 +611,9 @@ def test_dense_copy_engine_and_cp_async_builds_agree(cp, name, head_dim, block_s
 def test_early_prologue_copies_match_the_build_before(
     cp, name, head_dim, group, q_len, block_size, pairs, monkeypatch
 ):
-    """KVKIT_DECODE_EARLY_ISSUE=1 (the default) issues the tensor-core stage 1's prologue tile
-    copies before the query rows, =0 after them (decode_mma.cuh KVD_EARLY_ISSUE): the same
+    """KVKIT_DECODE_EARLY_ISSUE=1 (the default but for the codebook presets at head_dim 64)
+    issues the tensor-core stage 1's prologue tile copies before the query rows, =0 after them
+    (decode_mma.cuh KVD_EARLY_ISSUE): the same
     copies into the same stages, so the same bits, with tile pairs and single-tile loops, warp
     slabs, page runs and cp.async copies, ragged and one-tile sequences, 1 and 3 splits."""
     case = Case(name, head_dim=head_dim, hkv=2, group=group, q_len=q_len, block_size=block_size,
