@@ -248,6 +248,24 @@ def build_decode_case(
     return layer, cp.asarray(order.astype(np.int32).reshape(shape.B, pages))
 
 
+def decode_plan_us(cases, shape: Shape, q, lens, splits: int | None, reps: int):
+    """(the split count launched, graph-replay us per step or None) of a
+    ``kvkit.DecodePlan(num_splits=splits)`` step (None: the default heuristic) over the rotated
+    ``cases`` (``build_decode_case`` pairs); ``q``: (B, Hq, D) float16, ``lens``: (B,) int32."""
+    import kvkit
+
+    plans = [
+        kvkit.DecodePlan(layer, shape.B, shape.Hq, tables.shape[1], num_splits=splits)
+        for layer, tables in cases
+    ]
+
+    def step(i):
+        plans[i % len(plans)].run(q, cases[i % len(cases)][1], lens)
+
+    ms = graph_ms(step, reps, slots=len(cases))
+    return plans[0].num_splits, (None if ms is None else round(1e3 * ms, 2))
+
+
 def decode_bytes(fmt, shape: Shape) -> int:
     cache = shape.B * shape.T * shape.Hkv * fmt.bytes_per_token_head
     tables = shape.B * math.ceil(shape.T / BLOCK_SIZE) * 4

@@ -20,24 +20,9 @@ import math
 
 import cupy as cp
 
-import kvkit
 from kvkit import formats
-from kvkit.bench import _l2_bytes, build_decode_case, decode_bytes, graph_ms, parse_shapes
+from kvkit.bench import _l2_bytes, build_decode_case, decode_bytes, decode_plan_us, parse_shapes
 from kvkit.cuda.decode import _STAGE1, _resident_ctas, _stage1_default
-
-
-def _time(cases, shape, q, lens, splits, reps) -> tuple[int, float | None]:
-    """(the split count launched, us per step or None) for DecodePlan(num_splits=splits)."""
-    plans = [
-        kvkit.DecodePlan(layer, shape.B, shape.Hq, tables.shape[1], num_splits=splits)
-        for layer, tables in cases
-    ]
-
-    def step(i):
-        plans[i % len(plans)].run(q, cases[i % len(cases)][1], lens)
-
-    ms = graph_ms(step, reps, slots=len(cases))
-    return plans[0].num_splits, (None if ms is None else round(1e3 * ms, 2))
 
 
 def _build_facts(fmt, group: int) -> dict:
@@ -71,7 +56,7 @@ def main() -> int:
             times: dict[str, float | int | None] = {}
             cells = []
             for s in splits:
-                n, us = _time(cases, shape, q, lens, s, args.reps)
+                n, us = decode_plan_us(cases, shape, q, lens, s, args.reps)
                 label = f"auto={n}" if s is None else str(n)
                 cells.append(f"{label}:{'-' if us is None else f'{us:.1f}'}")
                 if s is None:

@@ -25,13 +25,13 @@ import math
 
 import cupy as cp
 
-import kvkit
 from kvkit import formats
 from kvkit.bench import (
     _l2_bytes,
     build_decode_case,
     copy_tbps,
     decode_bytes,
+    decode_plan_us,
     graph_ms,
     parse_shapes,
     torch_graph_ms,
@@ -49,19 +49,6 @@ def _empty_us(kernels: int, reps: int) -> float | None:
 
     ms = graph_ms(step, reps)
     return None if ms is None else round(1e3 * ms, 2)
-
-
-def _decode_us(cases, shape, q, lens, splits, reps) -> tuple[int, float | None]:
-    plans = [
-        kvkit.DecodePlan(layer, shape.B, shape.Hq, tables.shape[1], num_splits=splits)
-        for layer, tables in cases
-    ]
-
-    def step(i):
-        plans[i % len(plans)].run(q, cases[i % len(cases)][1], lens)
-
-    ms = graph_ms(step, reps, slots=len(cases))
-    return plans[0].num_splits, (None if ms is None else round(1e3 * ms, 2))
 
 
 def _sdpa_us(shape, reps: int) -> float | None:
@@ -123,10 +110,10 @@ def main() -> int:
             nbytes = decode_bytes(fmt, shape)
             n_rot = max(1, math.ceil(2 * _l2_bytes() / nbytes))
             cases = [build_decode_case(name, shape, rng) for _ in range(n_rot)]
-            n, us = _decode_us(cases, shape, q, lens, None, args.reps)
+            n, us = decode_plan_us(cases, shape, q, lens, None, args.reps)
             add("auto", us, name, shape, n, nbytes)
             if n != 1:
-                n1, us1 = _decode_us(cases, shape, q, lens, 1, args.reps)
+                n1, us1 = decode_plan_us(cases, shape, q, lens, 1, args.reps)
                 add("one", us1, name, shape, n1, nbytes)
             del cases
             cp.get_default_memory_pool().free_all_blocks()
