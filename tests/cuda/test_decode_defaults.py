@@ -101,7 +101,7 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                   "KVKIT_DECODE_PAIRS16", "KVKIT_DECODE_CP_ON_BULK", "KVKIT_DECODE_NV_ISSUE",
                   "KVKIT_DECODE_NV96", "KVKIT_DECODE_NV96_PAIRS8",
                   "KVKIT_DECODE_NV_PACK",
-                  "KVKIT_DECODE_CP_ASYNC_V2"},
+                  "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_EARLY_ISSUE"},
         "turboquant_4bit_nc": {"KVKIT_DECODE_TQ_VARIANT", "KVKIT_DECODE_TQ3",
                                "KVKIT_DECODE_TQ_SLABS", "KVKIT_DECODE_TQ_SLABS64",
                                "KVKIT_DECODE_WARP_PIPE", "KVKIT_DECODE_TILE_PAIRS",
@@ -112,9 +112,11 @@ def test_build_switches_reach_the_families_that_read_them(monkeypatch):
                                "KVKIT_DECODE_TQ3_BANKS", "KVKIT_DECODE_TQ4_ORDER64",
                                "KVKIT_DECODE_TQ3_ORDER64",
                                "KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_TQ17",
-                               "KVKIT_DECODE_TQ_PV16"},
-        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2"},
-        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_DENSE_BULK"},
+                               "KVKIT_DECODE_TQ_PV16", "KVKIT_DECODE_EARLY_ISSUE"},
+        "fp8_e4m3": {"KVKIT_DECODE_FP8_NANTILE", "KVKIT_DECODE_CP_ASYNC_V2",
+                     "KVKIT_DECODE_EARLY_ISSUE"},
+        "fp16": {"KVKIT_DECODE_CP_ASYNC_V2", "KVKIT_DECODE_DENSE_BULK",
+                 "KVKIT_DECODE_EARLY_ISSUE"},
     }  # fmt: skip
     expect["turboquant_k8v4"] = expect["turboquant_4bit_nc"] | {"KVKIT_DECODE_FP8_NANTILE"}
     for name, wanted in expect.items():
