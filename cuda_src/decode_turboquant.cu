@@ -403,12 +403,13 @@ __host__ __device__ constexpr int kv_tq_table_exp() {
 // The prologue copies before the query rows (decode_mma.cuh KVD_EARLY_ISSUE) but for the
 // codebook presets at head_dim 64: there ptxas laid out the tile-pair loop up to 35
 // instructions longer (sm_90: k3v4_nc at G = 4 953 -> 988, 3bit_nc at G = 8 982 -> 1001) and
-// k3v4_nc measured 5% slower at (32, 4096) (H200, benchmarks/NOTES.md v26).
+// k3v4_nc measured 5-8% slower at (32, 4096) (H200, benchmarks/NOTES.md v26).
 #define KV_EARLY_ISSUE_DEFAULT (TQ_KEY_FP8 || KV_HEAD_DIM >= 128)
 // Builds the table; returns 2^-e (the scores' factor), e putting max |c| in [2^14, 2^15).
-// Warp w writes the 32 lanes' words of codes w, w + NW, ...: each code a compile-time branch
-// of the unrolled loop, so its centroid is an immediate (a runtime code index into the
-// constant values would put them in local memory).
+// Warp w of the nthreads / 32 (nthreads a multiple of 32: the core's 128) writes the 32 lanes'
+// words of codes w, w + nthreads / 32, ...: each code a compile-time branch of the unrolled
+// loop, so its centroid is an immediate (a runtime code index into the constant values would
+// put them in local memory).
 __device__ __forceinline__ float kv_mma_init_table(unsigned* table, int tid, int nthreads) {
     constexpr KvTqCodebook cb = {TQ_CENTROIDS};
     enum : int { E = kv_tq_table_exp() };

@@ -775,15 +775,15 @@ __device__ __forceinline__ void kv_fwht_rows_warp(float* rows, int warp, int lan
 #endif
 
 // -DKVKIT_DECODE_EARLY_ISSUE (kvkit/cuda/decode.py; A/B runs; default 1 but below; 0 is the
-// build before): 1 issues the prologue's tile copies right after the pages are looked up, behind a
-// CTA barrier of their own, instead of after the query rows and the family table. Why: a CTA's
-// path to its first tile ran query arrival -> rows (TurboQuant: signs) -> table -> barrier ->
-// copies -> copy latency; the copies do not read the rows (the float rows of QF_IN_STAGE live
-// in the last stage, which the prologue does not copy), so their latency can run under the
-// rows' work. Measured on the H200 (benchmarks/NOTES.md v26, call 5; graph us, 0 -> 1):
-// turboquant_4bit_nc (1, 4096) 10.65 -> 10.34, (1, 32768) 24.17 -> 23.80, (8, 8192) 37.91 ->
-// 37.37; 3bit_nc (1, 32768) 23.18 -> 22.66; NVFP4 (1, 4096) 9.59 -> 9.46, (8, 8192) 34.36 ->
-// 34.13; fp8 / k8v4 and the large shapes level.
+// build before): 1 issues the prologue's tile copies right after the pages are looked up,
+// behind a CTA barrier of their own, instead of after the query rows and the family table.
+// Why: a CTA's path to its first tile ran query arrival -> rows (TurboQuant: signs) -> table
+// -> barrier -> copies -> copy latency; the copies do not read the rows (the float rows of
+// QF_IN_STAGE live in the last stage, which the prologue does not copy), so their latency can
+// run under the rows' work. Measured on the H200 (benchmarks/NOTES.md v26, call 5; graph us,
+// 0 -> 1): turboquant_4bit_nc (1, 4096) 10.65 -> 10.34, (1, 32768) 24.17 -> 23.80, (8, 8192)
+// 37.91 -> 37.37; 3bit_nc (1, 32768) 23.18 -> 22.66; NVFP4 (1, 4096) 9.59 -> 9.46, (8, 8192)
+// 34.36 -> 34.13; fp8 / k8v4 and the large shapes level.
 // A family may set KV_EARLY_ISSUE_DEFAULT (decode_turboquant.cu: 0 for the codebook presets at
 // head_dim 64, whose tile-pair loops ptxas built up to 35 instructions longer with it).
 #ifdef KVKIT_DECODE_EARLY_ISSUE
@@ -886,7 +886,7 @@ __device__ __forceinline__ void kv_stage1_body(KV_STAGE1_BODY_PARAMS) {
 #if KVD_EARLY_ISSUE
         // The first tiles' copies before the query rows: a barrier publishes the pipe's
         // mbarriers and page ring, and the copies then fly while the rows are signed, rotated
-        // and split (KVKIT_DECODE_EARLY_ISSUE, below).
+        // and split (KVKIT_DECODE_EARLY_ISSUE, above kv_stage1_body).
         __syncthreads();
         kv_issue_prologue_tiles(pipe, KV_PLANE_PARAMS);
 #endif
