@@ -242,6 +242,11 @@ _DECODE_ENTRY = {"dense": "decode_dense.cu", "fp8": "decode_dense.cu",
                  "nvfp4": "decode_nvfp4.cu", "turboquant": "decode_turboquant.cu"}  # fmt: skip
 
 
+_SM90_PATH_SWITCHES = {"bulk0", "wpipe0", "tqslab0", "tqslab1", "tq64cpasync", "rows8",
+                       "slabs64", "cp64"}  # fmt: skip
+_SOFT_FP8_SWITCHES = {"nantile0"}
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_tensor_core_decode_does_not_spill(arch):
     cases, jobs = [], []
@@ -347,6 +352,11 @@ def test_tensor_core_decode_does_not_spill(arch):
                  "turboquant_3bit_nc-tq3o640", "turboquant_4bit_nc-tqp80",
                  "nvfp4-nv960", "nvfp4-nv96p80"):  # fmt: skip
         name, _, switch = name.partition("-")
+        # Switches between sm_90+ paths (bulk copies, warp slabs and pipes) build the default's
+        # PTX on sm_80, and the software-FP8 path's switch the default's where the hardware
+        # converts (sm_90): PTX identical at every shape here (session 26), so not again.
+        if switch in (_SM90_PATH_SWITCHES if arch == "sm_80" else _SOFT_FP8_SWITCHES):
+            continue
         fmt = formats.get(name, 128)
         shapes = ((4, 1, 128, "1"), (8, 2, 128, "0"), (4, 1, 64, "1"), (4, 1, 256, "1"),
                   (2, 4, 256, "2"))  # fmt: skip
