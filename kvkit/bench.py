@@ -248,6 +248,30 @@ def build_decode_case(
     return layer, cp.asarray(order.astype(np.int32).reshape(shape.B, pages))
 
 
+def sdpa_runner(shape: Shape):
+    """(run, slots): run(i) calls torch SDPA fp16 (``enable_gqa=True``) for one decode step
+    of ``shape`` on contiguous K / V (B, Hkv, T, D) float16, slot i % slots of enough rotated
+    copies to pass twice the L2. Needs torch with CUDA."""
+    import torch
+    import torch.nn.functional as F
+
+    kv_bytes = 2 * shape.B * shape.Hkv * shape.T * shape.D * 2
+    n_rot = max(1, math.ceil(2 * _l2_bytes() / kv_bytes))
+    dims = (shape.B, shape.Hkv, shape.T, shape.D)
+    # Distinct K and V tensors: with K is V the kernel would read half the bytes.
+    kvs = [
+        tuple(torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(2))
+        for _ in range(n_rot)
+    ]
+    qt = torch.randn(shape.B, shape.Hq, 1, shape.D, device="cuda", dtype=torch.float16)
+
+    def run(i):
+        k, v = kvs[i % len(kvs)]
+        F.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
+
+    return run, n_rot
+
+
 def decode_plan_us(cases, shape: Shape, q, lens, splits: int | None, reps: int):
     """(the split count launched, graph-replay us per step or None) of a
     ``kvkit.DecodePlan(num_splits=splits)`` step (None: the default heuristic) over the rotated
@@ -280,7 +304,6 @@ def bench_decode(names, shapes, reps, copy_bw, graph=True):
 
     try:
         import torch
-        import torch.nn.functional as F
     except Exception:  # torch is optional
         torch = None
     l2 = _l2_bytes()
@@ -291,24 +314,11 @@ def bench_decode(names, shapes, reps, copy_bw, graph=True):
         q = rng.standard_normal((shape.B, shape.Hq, shape.D), dtype=cp.float32).astype(cp.float16)
         sdpa = sdpa_graph = None
         if torch is not None:
-            kv_bytes = 2 * shape.B * shape.Hkv * shape.T * shape.D * 2
-            n_rot = max(1, math.ceil(2 * l2 / kv_bytes))
-            dims = (shape.B, shape.Hkv, shape.T, shape.D)
-            # Distinct K and V tensors: with K is V the kernel would read half the bytes.
-            kvs = [
-                tuple(torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(2))
-                for _ in range(n_rot)
-            ]
-            qt = torch.randn(shape.B, shape.Hq, 1, shape.D, device="cuda", dtype=torch.float16)
-
-            def run_sdpa(i, qt=qt, kvs=kvs):
-                k, v = kvs[i % len(kvs)]
-                F.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
-
+            run_sdpa, slots = sdpa_runner(shape)
             sdpa = round(time_ms(run_sdpa, reps), 4)
-            sdpa_graph = torch_graph_ms(run_sdpa, reps, slots=len(kvs)) if graph else None
+            sdpa_graph = torch_graph_ms(run_sdpa, reps, slots=slots) if graph else None
             sdpa_graph = None if sdpa_graph is None else round(sdpa_graph, 4)
-            del kvs, run_sdpa
+            del run_sdpa
         for name in names:
             try:
                 fmt = formats.get(name, shape.D)

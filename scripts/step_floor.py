@@ -34,6 +34,7 @@ from kvkit.bench import (
     decode_plan_us,
     graph_ms,
     parse_shapes,
+    sdpa_runner,
     torch_graph_ms,
 )
 
@@ -53,24 +54,11 @@ def _empty_us(kernels: int, reps: int) -> float | None:
 
 def _sdpa_us(shape, reps: int) -> float | None:
     try:
-        import torch
-        import torch.nn.functional as F
+        import torch  # noqa: F401
     except Exception:  # torch is optional
         return None
-    kv_bytes = 2 * shape.B * shape.Hkv * shape.T * shape.D * 2
-    n_rot = max(1, math.ceil(2 * _l2_bytes() / kv_bytes))
-    dims = (shape.B, shape.Hkv, shape.T, shape.D)
-    kvs = [
-        tuple(torch.randn(dims, device="cuda", dtype=torch.float16) for _ in range(2))
-        for _ in range(n_rot)
-    ]
-    qt = torch.randn(shape.B, shape.Hq, 1, shape.D, device="cuda", dtype=torch.float16)
-
-    def run(i):
-        k, v = kvs[i % len(kvs)]
-        F.scaled_dot_product_attention(qt, k, v, enable_gqa=True)
-
-    ms = torch_graph_ms(run, reps, slots=len(kvs))
+    run, slots = sdpa_runner(shape)
+    ms = torch_graph_ms(run, reps, slots=slots)
     return None if ms is None else round(1e3 * ms, 2)
 
 
